@@ -1,0 +1,110 @@
+// How bytes move between ranks. A small interface with an MPI implementation (host memory) and
+// an NCCL implementation (device memory). Knows nothing of attention.
+//
+// Every blocking call is bounded by a timeout: a peer that died or stopped answering turns into
+// a CommError naming the peer and what was being waited for, never a hang.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace ringattn::comm {
+
+// A communication fault: peer lost, timeout, transport error (exit code 4 at the top).
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DataType : uint8_t { u8, i32, i64, f32, f64 };
+enum class ReduceOp : uint8_t { sum, max, min };
+enum class MemorySpace : uint8_t { host, device };
+
+size_t data_type_size(DataType t);
+
+// Handle of a posted point-to-point transfer; invalid once completed.
+struct Request {
+  int64_t id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+// Delays transfers as a slower link would (bandwidth in GB/s = 1e9 bytes/s, latency in
+// microseconds), so one machine can show how overlap behaves when the network is the
+// bottleneck. A message of n bytes posted at t completes no earlier than
+// t + latency + n / bandwidth. Zero means "not emulated".
+struct LinkEmulation {
+  double gbps = 0.0;
+  double latency_us = 0.0;
+  bool active() const { return gbps > 0.0 || latency_us > 0.0; }
+  double delay_seconds(size_t bytes) const {
+    return latency_us * 1e-6 + (gbps > 0.0 ? double(bytes) / (gbps * 1e9) : 0.0);
+  }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;  // "mpi" or "nccl"
+  virtual MemorySpace memory() const = 0;
+
+  // Point to point, non-blocking; the buffer must stay valid until the request completes.
+  // Messages between one pair of ranks with the same tag arrive in posting order.
+  virtual Request isend(const void* buf, size_t bytes, int peer, int tag) = 0;
+  virtual Request irecv(void* buf, size_t bytes, int peer, int tag) = 0;
+  // True (and `r` invalidated) when the transfer is complete.
+  virtual bool test(Request& r) = 0;
+  // Blocks until complete; after timeout() seconds throws CommError naming `what` and the peer.
+  // The time spent blocked here is added to wait_seconds().
+  virtual void wait(Request& r, const std::string& what) = 0;
+  void wait_all(std::span<Request> requests, const std::string& what) {
+    for (Request& r : requests)
+      if (r.valid()) wait(r, what);
+  }
+  // Lets outstanding transfers advance; cheap, called from compute loops between tiles.
+  virtual void progress() = 0;
+
+  // Collectives: blocking, bounded by the timeout, same call order on every rank.
+  virtual void allreduce(void* buf, size_t count, DataType type, ReduceOp op) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // Rank r contributes recv_bytes[r] bytes; recv holds them concatenated in rank order.
+  virtual void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) = 0;
+  // send holds size() consecutive blocks, block r of counts[r] elements; rank r receives the
+  // reduction over ranks of block r.
+  virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+                              ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job now with this exit code.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+  // Ranks with the same color form a new communicator ordered by key; color < 0 gets nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+  // Only the MPI communicator emulates links; others ignore it.
+  virtual void set_link_emulation(const LinkEmulation& link) { link_ = link; }
+  const LinkEmulation& link_emulation() const { return link_; }
+
+  // Counters: payload bytes posted by isend, and seconds blocked in wait().
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  double wait_seconds() const { return wait_seconds_; }
+  void reset_counters() {
+    bytes_sent_ = 0;
+    wait_seconds_ = 0.0;
+  }
+
+ protected:
+  double timeout_s_ = 300.0;
+  LinkEmulation link_;
+  uint64_t bytes_sent_ = 0;
+  double wait_seconds_ = 0.0;
+};
+
+}  // namespace ringattn::comm

@@ -1,0 +1,8 @@
+// CPU attention tiles compiled for avx512 (flags set per file in kernels/CMakeLists.txt).
+#define RINGATTN_ISA_AVX512
+#include "kernels/cpu/simd.hpp"
+#include "kernels/cpu/tile_args.hpp"
+
+namespace ringattn::kernels::cpu::avx512 {
+#include "kernels/cpu/attention_tiles.inl"
+}  // namespace ringattn::kernels::cpu::avx512

@@ -1,0 +1,295 @@
+// The arithmetic of one query tile (forward) and one key block (backward), written once over
+// the vector operations of `Isa` and included by each ISA translation unit inside its own
+// namespace (see simd.hpp). No standard-library templates with code are used here, so nothing
+// compiled with wide-vector flags can leak into a generic caller.
+//
+// FlashAttention-2 on the CPU, with one twist: vectors run over queries instead of over the
+// head dimension. Scores of a key block come out transposed, ST[j][i], so the online-softmax
+// statistics (running max m, running sum l, rescale alpha) of a query tile are elementwise
+// vector operations. The same register-tiled micro-kernel ("broadcast a row element, FMA
+// against Br query lanes") serves S = Q K^T, dP = dO V^T, O += P V and dQ += dS K; the dK/dV
+// updates run over the head dimension instead, as in an ordinary sgemm.
+
+namespace {
+
+using V = Isa::V;
+constexpr int W = Isa::W;
+constexpr int NV = Isa::kQueryVecs;
+constexpr int BR = W * NV;            // query tile rows (lanes)
+constexpr int BC = Isa::kKeyBlock;    // key block rows
+constexpr int R = Isa::kRows;         // broadcast rows per micro-kernel step
+constexpr int GV = Isa::kGradVecs;    // head-dim vectors per dK/dV micro-kernel step
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kNegInf = -__builtin_inff();
+
+template <int N>
+struct Rows { static constexpr int value = N; };
+
+// Calls fn(Rows<RR>, j) for consecutive groups of rows covering [0, n): groups of R, then one tail.
+template <class Fn>
+inline void for_row_groups(int n, Fn&& fn) {
+  int j = 0;
+  for (; j + R <= n; j += R) fn(Rows<R>{}, j);
+  switch (n - j) {
+    case 5: fn(Rows<5>{}, j); break;
+    case 4: fn(Rows<4>{}, j); break;
+    case 3: fn(Rows<3>{}, j); break;
+    case 2: fn(Rows<2>{}, j); break;
+    case 1: fn(Rows<1>{}, j); break;
+    default: break;
+  }
+}
+
+// ST[j][:] = sum_d X[j][d] * Yt[d][:] for the RR rows of X starting at x (row stride xs).
+template <int RR>
+inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs, float* st) {
+  V acc[RR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = Isa::zero();
+  const float* xr[RR];
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r) xr[r] = x + r * xs;
+  for (int d = 0; d < D; ++d) {
+    V y[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) y[v] = Isa::load(yt + d * BR + v * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r) {
+      V b = Isa::set1(xr[r][d]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::fmadd(b, y[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) Isa::store(st + r * BR + v * W, acc[r][v]);
+}
+
+// ST[j][:] for the n rows of X (scores S^T = K Qt, or dP^T = V dOt).
+inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st) {
+  for_row_groups(n, [&](auto rows, int j) {
+    rows_times_lanes<decltype(rows)::value>(yt, D, x + j * xs, xs, st + j * BR);
+  });
+}
+
+// Ot[d][:] = alpha * Ot[d][:] + sum_j X[j][d] * PT[j][:] for the RR head-dim rows starting at d0.
+// X is V (forward: O += P V) or K (backward: dQ += dS K).
+template <int RR, bool kRescale>
+inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const float* x, int64_t xs, const V* alpha) {
+  V acc[RR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = Isa::load(ot + (d0 + r) * BR + v * W);
+      if constexpr (kRescale) acc[r][v] = Isa::mul(acc[r][v], alpha[v]);
+    }
+  for (int j = 0; j < n; ++j) {
+    V p[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) p[v] = Isa::load(pt + j * BR + v * W);
+    const float* xj = x + j * xs + d0;
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r) {
+      V b = Isa::set1(xj[r]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::fmadd(b, p[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) Isa::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
+}
+
+template <bool kRescale>
+inline void accumulate_lanes(float* ot, int D, const float* pt, int n, const float* x, int64_t xs, const V* alpha) {
+  for_row_groups(D, [&](auto rows, int d0) {
+    lanes_times_rows<decltype(rows)::value, kRescale>(ot, d0, pt, n, x, xs, alpha);
+  });
+}
+
+// out[j][d0 .. d0 + GG*W) += sum_{i < nq} XT[j][i] * Y[i][d0 ..]  for RR rows j (dV += P^T dO, dK += dS^T Q).
+template <int RR, int GG>
+inline void grad_rows(float* out, int64_t os, const float* xt, const float* y, int64_t ys, int nq, int d0) {
+  V acc[RR][GG];
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) acc[r][g] = Isa::load(out + r * os + d0 + g * W);
+  for (int i = 0; i < nq; ++i) {
+    V yv[GG];
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) yv[g] = Isa::load(y + i * ys + d0 + g * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r) {
+      V b = Isa::set1(xt[r * BR + i]);
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) acc[r][g] = Isa::fmadd(b, yv[g], acc[r][g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) Isa::store(out + r * os + d0 + g * W, acc[r][g]);
+}
+
+template <int RR>
+inline void grad_row_group(float* out, int64_t os, const float* xt, const float* y, int64_t ys, int nq, int D) {
+  int d0 = 0;
+  for (; d0 + GV * W <= D; d0 += GV * W) grad_rows<RR, GV>(out, os, xt, y, ys, nq, d0);
+  // Head dims are multiples of W; the tail is 1..GV-1 vectors.
+  switch ((D - d0) / W) {
+    case 3: grad_rows<RR, 3>(out, os, xt, y, ys, nq, d0); break;
+    case 2: grad_rows<RR, 2>(out, os, xt, y, ys, nq, d0); break;
+    case 1: grad_rows<RR, 1>(out, os, xt, y, ys, nq, d0); break;
+    default: break;
+  }
+}
+
+inline void accumulate_grad(float* out, int64_t os, const float* xt, int n, const float* y, int64_t ys, int nq, int D) {
+  for_row_groups(n, [&](auto rows, int j) {
+    grad_row_group<decltype(rows)::value>(out + j * os, os, xt + j * BR, y, ys, nq, D);
+  });
+}
+
+// Sets ST[j][i] = -inf where key row (row0 + j) is not visible to lane i. Boundary blocks only.
+inline void apply_element_mask(float* st, int nk, int64_t row0, int nq, const int64_t* lo, const int64_t* hi,
+                               const int64_t* brow, const int64_t* k_pos, const uint8_t* block_mask,
+                               int64_t block_count, int64_t mask_block) {
+  for (int j = 0; j < nk; ++j) {
+    const int64_t pj = k_pos[row0 + j];
+    float* s = st + j * BR;
+    for (int i = 0; i < nq; ++i) {
+      if (pj < lo[i] || pj > hi[i]) s[i] = kNegInf;
+    }
+    if (block_mask) {
+      const int64_t bc = pj / mask_block;
+      for (int i = 0; i < nq; ++i) {
+        if (!block_mask[brow[i] * block_count + bc]) s[i] = kNegInf;
+      }
+    }
+  }
+}
+
+void forward_tile(const ForwardTileArgs& a) {
+  const int D = a.head_dim;
+  float* ot = a.scratch;        // [D][BR] running output, transposed
+  float* st = ot + D * BR;      // [BC][BR] scores, then probabilities
+  float* stats = st + BC * BR;  // m, l per lane
+  float* m_lane = stats;
+  float* l_lane = stats + BR;
+
+  // Continue from the incoming partial state: O normalised with LSE means the running max is
+  // LSE (in log2 units) and the running sum is 1; an empty state (LSE = -inf) has sum 0.
+  for (int i = 0; i < BR; ++i) {
+    if (i < a.nq && a.lse[i] != kNegInf) {
+      m_lane[i] = a.lse[i] * 1.44269504088896341f;
+      l_lane[i] = 1.0f;
+      const float* orow = a.o + i * a.o_stride;
+      for (int d = 0; d < D; ++d) ot[d * BR + i] = orow[d];
+    } else {
+      m_lane[i] = kNegInf;
+      l_lane[i] = 0.0f;
+      for (int d = 0; d < D; ++d) ot[d * BR + i] = 0.0f;
+    }
+  }
+  V m[NV], l[NV];
+  for (int v = 0; v < NV; ++v) {
+    m[v] = Isa::load(m_lane + v * W);
+    l[v] = Isa::load(l_lane + v * W);
+  }
+  const V lowest = Isa::set1(-3.402823466e38f);
+
+  for (int b = 0; b < a.num_blocks; ++b) {
+    const KeyBlockRef& blk = a.blocks[b];
+    const int nk = blk.count;
+    scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st);
+    if (blk.kind == TileKind::partial) {
+      apply_element_mask(st, nk, blk.row0, a.nq, a.mask.lo, a.mask.hi, a.mask.brow, a.mask.k_pos,
+                         a.mask.block_mask, a.mask.block_count, a.mask.mask_block);
+    }
+    V mnew[NV], msafe[NV], alpha[NV], lsum[NV];
+    for (int v = 0; v < NV; ++v) mnew[v] = m[v];
+    for (int j = 0; j < nk; ++j)
+      for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
+    for (int v = 0; v < NV; ++v) {
+      // A lane that has seen only masked keys keeps m = -inf; subtracting a finite stand-in
+      // keeps exp2(-inf - m) at 0 instead of NaN.
+      msafe[v] = Isa::max(mnew[v], lowest);
+      alpha[v] = Isa::exp2(Isa::sub(m[v], msafe[v]));
+      lsum[v] = Isa::zero();
+    }
+    for (int j = 0; j < nk; ++j) {
+      for (int v = 0; v < NV; ++v) {
+        V p = Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), msafe[v]));
+        Isa::store(st + j * BR + v * W, p);
+        lsum[v] = Isa::add(lsum[v], p);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      l[v] = Isa::fmadd(l[v], alpha[v], lsum[v]);
+      m[v] = mnew[v];
+    }
+    accumulate_lanes<true>(ot, D, st, nk, a.v + blk.row0 * a.kv_stride, a.kv_stride, alpha);
+  }
+
+  for (int v = 0; v < NV; ++v) {
+    Isa::store(m_lane + v * W, m[v]);
+    Isa::store(l_lane + v * W, l[v]);
+  }
+  for (int i = 0; i < a.nq; ++i) {
+    float* orow = a.o + i * a.o_stride;
+    if (l_lane[i] > 0.0f) {
+      const float inv = 1.0f / l_lane[i];
+      for (int d = 0; d < D; ++d) orow[d] = ot[d * BR + i] * inv;
+      a.lse[i] = (m_lane[i] + __builtin_log2f(l_lane[i])) * kLn2;
+    } else {
+      for (int d = 0; d < D; ++d) orow[d] = 0.0f;
+      a.lse[i] = kNegInf;
+    }
+  }
+}
+
+void backward_block(const BackwardBlockArgs& a) {
+  const int D = a.head_dim;
+  const int nk = a.nk;
+  float* st = a.scratch;   // [BC][BR] scores -> P^T -> dS^T
+  float* dpt = st + BC * BR;
+  const V scale = Isa::set1(a.scale);
+  for (int t = 0; t < a.num_tiles; ++t) {
+    const BackwardTileRef& tile = a.tiles[t];
+    scores(tile.qt, D, a.k, a.kv_stride, nk, st);
+    if (tile.kind == TileKind::partial) {
+      apply_element_mask(st, nk, 0, tile.nq, tile.lane_lo, tile.lane_hi, tile.lane_brow, a.k_pos, a.block_mask,
+                         a.block_count, a.mask_block);
+    }
+    V lse2[NV], delta[NV];
+    for (int v = 0; v < NV; ++v) {
+      lse2[v] = Isa::load(tile.lse2 + v * W);
+      delta[v] = Isa::load(tile.delta + v * W);
+    }
+    for (int j = 0; j < nk; ++j)
+      for (int v = 0; v < NV; ++v)
+        Isa::store(st + j * BR + v * W, Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), lse2[v])));
+    scores(tile.dot, D, a.v, a.kv_stride, nk, dpt);
+    accumulate_grad(a.dv, a.dkv_stride, st, nk, tile.dout, tile.dout_stride, tile.nq, D);
+    for (int j = 0; j < nk; ++j)
+      for (int v = 0; v < NV; ++v) {
+        V p = Isa::load(st + j * BR + v * W);
+        V dp = Isa::load(dpt + j * BR + v * W);
+        Isa::store(st + j * BR + v * W, Isa::mul(Isa::mul(p, Isa::sub(dp, delta[v])), scale));
+      }
+    accumulate_grad(a.dk, a.dkv_stride, st, nk, tile.q, tile.q_stride, tile.nq, D);
+    accumulate_lanes<false>(tile.dqt, D, st, nk, a.k, a.kv_stride, nullptr);
+  }
+}
+
+}  // namespace
+
+TileKernels tile_kernels() {
+  return TileKernels{Isa::kName, W, BR, BC, &forward_tile, &backward_block};
+}

@@ -1,0 +1,126 @@
+// The few vector operations the CPU attention kernels need, for one instruction set.
+//
+// Each kernel translation unit defines exactly one of RINGATTN_ISA_AVX512, RINGATTN_ISA_AVX2 or
+// RINGATTN_ISA_SCALAR and is compiled with the matching -m flags. Everything here lives in a
+// namespace named after the ISA, so no inline function compiled for AVX-512 can be picked by
+// the linker for a caller running on an AVX2-only CPU (the one-definition-rule trap of
+// multi-ISA builds).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace ringattn::kernels::cpu {
+
+#if defined(RINGATTN_ISA_AVX512)
+namespace avx512 {
+struct Isa {
+  using V = __m512;
+  static constexpr int W = 16;           // fp32 lanes
+  static constexpr int kQueryVecs = 4;   // query tile = 64 rows, one lane each
+  static constexpr int kKeyBlock = 64;   // keys per block
+  static constexpr int kRows = 6;        // broadcast rows per micro-kernel step (6 x 4 accumulators)
+  static constexpr int kGradVecs = 4;    // dK/dV micro-kernel: 6 rows x 64 head-dim lanes
+  static constexpr const char* kName = "avx512";
+
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // 2^x with ~1 ulp error over the range softmax needs; exactly 0 for x <= -150 and for -inf.
+  static V exp2(V x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // also maps -inf and NaN to -150
+    x = _mm512_min_ps(x, _mm512_set1_ps(128.0f));
+    V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V f = _mm512_sub_ps(x, n);  // in [-0.5, 0.5]
+    V p = _mm512_set1_ps(1.540353039e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355815e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129108e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265070e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471806e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);  // p * 2^n, with correct underflow to subnormals and zero
+  }
+};
+}  // namespace avx512
+#endif
+
+#if defined(RINGATTN_ISA_AVX2)
+namespace avx2 {
+struct Isa {
+  using V = __m256;
+  static constexpr int W = 8;
+  static constexpr int kQueryVecs = 2;   // query tile = 16 rows (16 ymm registers in all)
+  static constexpr int kKeyBlock = 64;
+  static constexpr int kRows = 6;        // 6 x 2 accumulators
+  static constexpr int kGradVecs = 2;    // dK/dV micro-kernel: 6 rows x 16 head-dim lanes
+  static constexpr const char* kName = "avx2";
+
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  // 2^x; exactly 0 below 2^-126 (no subnormals) and for -inf.
+  static V exp2(V x) {
+    V keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);  // false for NaN and -inf
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
+    V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V f = _mm256_sub_ps(x, n);
+    V p = _mm256_set1_ps(1.540353039e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.333355815e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129108e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265070e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471806e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    V r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(r, keep);
+  }
+};
+}  // namespace avx2
+#endif
+
+#if defined(RINGATTN_ISA_SCALAR)
+namespace scalar {
+// Portable fallback (and a check of the generic tile code): one lane, plain C++.
+struct Isa {
+  using V = float;
+  static constexpr int W = 1;
+  static constexpr int kQueryVecs = 8;
+  static constexpr int kKeyBlock = 32;
+  static constexpr int kRows = 4;
+  static constexpr int kGradVecs = 8;
+  static constexpr const char* kName = "scalar";
+
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V set1(float x) { return x; }
+  static V zero() { return 0.0f; }
+  static V fmadd(V a, V b, V c) { return std::fma(a, b, c); }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V exp2(V x) { return (x == -INFINITY || x != x) ? 0.0f : std::exp2(x); }
+};
+}  // namespace scalar
+#endif
+
+}  // namespace ringattn::kernels::cpu

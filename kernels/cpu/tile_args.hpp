@@ -1,0 +1,105 @@
+// The contract between the generic CPU driver (tile planning, threading, packing) and the
+// per-ISA compute functions (the arithmetic of one query tile or one key block).
+//
+// Layout conventions inside a tile: vectors run over queries. A query tile of Br rows is
+// packed transposed, Qt[d][i] (Br floats per head-dim index), so that scores for one key row
+// j form Br/W full vectors ST[j][0..Br), and the online-softmax row statistics of the Br
+// queries are plain elementwise vector operations, with no horizontal reductions.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/mask.hpp"
+
+namespace ringattn::kernels::cpu {
+
+// One block of key rows, in the order the tile must visit them.
+struct KeyBlockRef {
+  int64_t row0;    // first row in the key/value chunk
+  int32_t count;   // rows, <= key block size
+  TileKind kind;   // full (no element mask) or partial
+};
+
+// Per-query-lane data needed to apply the element mask on partial blocks.
+struct LaneMask {
+  const int64_t* lo;    // key_range(i).lo per lane
+  const int64_t* hi;    // key_range(i).hi per lane
+  const int64_t* brow;  // i / mask_block per lane (block mask only)
+  const int64_t* k_pos; // positions of the key/value chunk's rows
+  const uint8_t* block_mask;
+  int64_t block_count;
+  int64_t mask_block;
+};
+
+struct ForwardTileArgs {
+  int head_dim;
+  int nq;                   // valid lanes (<= Br); padded lanes hold zeros
+  const float* qt;          // [D][Br], pre-multiplied by scale * log2(e)
+  const float* k;           // row j of this head at k + j * kv_stride (fp32)
+  const float* v;
+  int64_t kv_stride;
+  const KeyBlockRef* blocks;
+  int num_blocks;
+  LaneMask mask;
+  float* o;                 // state rows (normalised O) at o + i * o_stride
+  int64_t o_stride;
+  float* lse;               // state LSE per lane (natural log), contiguous
+  float* scratch;           // forward_scratch_floats(D) floats
+};
+
+// One (query tile, head) visited by a backward key-block item.
+struct BackwardTileRef {
+  int nq;
+  TileKind kind;
+  const float* qt;          // [D][Br], pre-multiplied by scale * log2(e)
+  const float* dot;         // dO transposed, [D][Br]
+  const float* q;           // natural rows: q + i * q_stride (fp32)
+  int64_t q_stride;
+  const float* dout;        // natural rows: dout + i * dout_stride (fp32)
+  int64_t dout_stride;
+  const float* lse2;        // [Br] LSE in log2 units; +inf for rows that see no key
+  const float* delta;       // [Br] rowsum(dO * O)
+  const int64_t* lane_lo;   // per lane key_range, for partial tiles
+  const int64_t* lane_hi;
+  const int64_t* lane_brow;
+  float* dqt;               // [D][Br] this thread's dQ accumulator for the tile (transposed)
+};
+
+struct BackwardBlockArgs {
+  int head_dim;
+  float scale;              // softmax scale (dS carries it into dQ and dK)
+  int nk;
+  const float* k;           // block rows: k + j * kv_stride (fp32)
+  const float* v;
+  int64_t kv_stride;
+  const int64_t* k_pos;     // positions of the block's rows
+  float* dk;                // accumulated in place: dk + j * dkv_stride
+  float* dv;
+  int64_t dkv_stride;
+  const BackwardTileRef* tiles;
+  int num_tiles;
+  const uint8_t* block_mask;
+  int64_t block_count;
+  int64_t mask_block;
+  float* scratch;           // backward_scratch_floats() floats
+};
+
+// The function table each ISA translation unit provides.
+struct TileKernels {
+  const char* name;
+  int lanes;        // W
+  int query_tile;   // Br
+  int key_block;    // Bc
+  void (*forward_tile)(const ForwardTileArgs&);
+  void (*backward_block)(const BackwardBlockArgs&);
+};
+
+inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
+  // Qt is packed by the driver; here Ot [D][Br] and ST [Bc][Br] plus row statistics.
+  return int64_t(head_dim) * t.query_tile + int64_t(t.key_block) * t.query_tile + 8 * t.query_tile;
+}
+inline int64_t backward_scratch_floats(const TileKernels& t) {
+  return 2 * int64_t(t.key_block) * t.query_tile + 4 * t.query_tile;
+}
+
+}  // namespace ringattn::kernels::cpu

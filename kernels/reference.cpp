@@ -1,0 +1,127 @@
+#include "kernels/reference.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace ringattn::kernels {
+
+namespace {
+
+// Scaled scores of one query row against every key (-inf where masked), accumulated in T.
+template <class T>
+void score_row(const AttentionDims& dims, const float* qi, int64_t qpos, const float* k, const int64_t* k_pos,
+               int64_t k_rows, int64_t b, int64_t kvh, const MaskView& mask, std::vector<T>& s) {
+  const int64_t D = dims.head_dim, Hkv = dims.kv_heads;
+  for (int64_t j = 0; j < k_rows; ++j) {
+    if (!visible(mask, qpos, k_pos[j])) {
+      s[j] = -std::numeric_limits<T>::infinity();
+      continue;
+    }
+    const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
+    T dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += T(qi[d]) * T(kj[d]);
+    s[j] = dot * T(dims.scale);
+  }
+}
+
+template <class T>
+void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
+                  const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask, T* o, T* lse) {
+  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  std::vector<T> s(static_cast<size_t>(k_rows));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < q_rows; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kvh = h / group;
+        const float* qi = q + ((b * q_rows + i) * H + h) * D;
+        T* oi = o + ((b * q_rows + i) * H + h) * D;
+        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
+        T m = neg_inf;
+        for (int64_t j = 0; j < k_rows; ++j) m = std::max(m, s[j]);
+        for (int64_t d = 0; d < D; ++d) oi[d] = 0;
+        if (m == neg_inf) {
+          lse[(b * H + h) * q_rows + i] = neg_inf;
+          continue;
+        }
+        T sum = 0;
+        for (int64_t j = 0; j < k_rows; ++j) {
+          if (s[j] == neg_inf) continue;
+          const T p = std::exp(s[j] - m);
+          sum += p;
+          const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
+          for (int64_t d = 0; d < D; ++d) oi[d] += p * T(vj[d]);
+        }
+        for (int64_t d = 0; d < D; ++d) oi[d] /= sum;
+        lse[(b * H + h) * q_rows + i] = m + std::log(sum);
+      }
+}
+
+template <class T>
+void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
+                   const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout, const T* lse,
+                   const T* delta, const MaskView& mask, T* dq, T* dk, T* dv) {
+  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
+  const T scale = dims.scale;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  std::vector<T> s(static_cast<size_t>(k_rows));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < q_rows; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const T l = lse[(b * H + h) * q_rows + i];
+        if (l == neg_inf) continue;  // a row that sees no key contributes nothing
+        const int64_t kvh = h / group;
+        const float* qi = q + ((b * q_rows + i) * H + h) * D;
+        const float* doi = dout + ((b * q_rows + i) * H + h) * D;
+        T* dqi = dq + ((b * q_rows + i) * H + h) * D;
+        const T di = delta[(b * H + h) * q_rows + i];
+        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
+        for (int64_t j = 0; j < k_rows; ++j) {
+          if (s[j] == neg_inf) continue;
+          const T p = std::exp(s[j] - l);
+          const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
+          const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
+          T dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
+          const T ds = p * (dp - di) * scale;
+          T* dkj = dk + ((b * k_rows + j) * Hkv + kvh) * D;
+          T* dvj = dv + ((b * k_rows + j) * Hkv + kvh) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            dqi[d] += ds * T(kj[d]);
+            dkj[d] += ds * T(qi[d]);
+            dvj[d] += p * T(doi[d]);
+          }
+        }
+      }
+}
+
+}  // namespace
+
+void reference_forward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                       const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
+                       double* o, double* lse) {
+  forward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse);
+}
+
+void reference_backward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
+                        const double* lse, const double* delta, const MaskView& mask, double* dq, double* dk,
+                        double* dv) {
+  backward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv);
+}
+
+void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
+                        float* o, float* lse) {
+  forward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse);
+}
+
+void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
+                         const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
+                         float* dv) {
+  backward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv);
+}
+
+}  // namespace ringattn::kernels

@@ -1,0 +1,36 @@
+// Naive fp64 attention: the oracle every kernel and every distributed run is checked against.
+// Row by row, O(rows_q * rows_k) time and O(rows_k) extra memory; no (L x L) buffer.
+// Layouts as in attention_cpu.hpp; inputs are fp32 (bf16 data is compared after conversion).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention_cpu.hpp"
+#include "kernels/mask.hpp"
+
+namespace ringattn::kernels {
+
+// O (B, rows_q, H, D) and LSE (B, H, rows_q) of the queries against the given keys only
+// (a partial state: LSE = -inf and O = 0 for rows that see none of them).
+void reference_forward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                       const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
+                       double* o, double* lse);
+
+// Adds the gradients through the given keys, using the queries' full-softmax LSE and
+// delta = rowsum(dO * O): dq (B, rows_q, H, D), dk and dv (B, rows_k, Hkv, D).
+void reference_backward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
+                        const double* lse, const double* delta, const MaskView& mask, double* dq, double* dk,
+                        double* dv);
+
+// The same computation in plain fp32 (scores, softmax, products in float): the "same precision
+// reference" whose error against fp64 sets the tolerance of the kernel tests, FlashAttention style.
+void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
+                        float* o, float* lse);
+void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
+                         const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
+                         float* dv);
+
+}  // namespace ringattn::kernels
