@@ -8,6 +8,7 @@
 
 #include "kernels/block_mask_index.hpp"
 #include "kernels/mask.hpp"
+#include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
@@ -44,6 +45,10 @@ class Mask {
   int64_t mask_block_ = 128;
   BlockMaskIndex index_;
 };
+
+// Number of visible (query, key) pairs for the queries at these positions, keys over [0, seq_len):
+// the work attention must do, and what FLOP counts are made of (SPEC.md "Counting FLOPs").
+int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len);
 
 // BigBird block mask (SPEC.md): the first `global` blocks attend to and are attended by all;
 // every block sees `window` blocks on each side; each block row draws `random` more blocks

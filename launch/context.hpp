@@ -1,0 +1,30 @@
+// What every subcommand gets from main(): the world communicator and where this rank sits.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace ringattn {
+
+struct LaunchContext {
+  comm::Communicator& world;
+  int local_rank = 0;   // among the ranks on this node
+  int local_ranks = 1;  // ranks on this node
+  int hardware_threads = 1;
+  std::vector<std::string> args;  // the subcommand's arguments (without the program and subcommand names)
+
+  // Default --threads: the node's hardware threads shared among its ranks.
+  int default_threads() const { return std::max(1, hardware_threads / std::max(1, local_ranks)); }
+};
+
+// Writes text to path atomically (temporary file, then rename); throws UsageError/RuntimeFault naming `label`.
+void write_text_file(const std::string& path, const std::string& label, const std::string& text);
+
+// Peak resident memory of this process, bytes.
+uint64_t peak_rss_bytes();
+
+}  // namespace ringattn

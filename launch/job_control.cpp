@@ -1,0 +1,74 @@
+#include "launch/job_control.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "runtime/errors.hpp"
+
+namespace ringattn {
+
+int exit_code_of(const std::exception& e) {
+  if (const auto* f = dynamic_cast<const JobFailed*>(&e)) return f->code();
+  if (dynamic_cast<const UsageError*>(&e)) return kExitUsage;
+  if (dynamic_cast<const CheckFailure*>(&e)) return kExitCheckFailed;
+  return kExitFault;  // comm::CommError, RuntimeFault, bad_alloc, anything unexpected
+}
+
+void print_error(const std::string& message) {
+  std::fprintf(stderr, "ringattn: error: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase) {
+  int code = 0;
+  std::string message;
+  try {
+    phase();
+  } catch (const JobFailed& e) {
+    code = e.code();  // reported already (nested phase)
+  } catch (const std::exception& e) {
+    code = exit_code_of(e);
+    message = e.what();
+  }
+  int worst = code;
+  comm.allreduce(&worst, 1, comm::DataType::i32, comm::ReduceOp::max);
+  if (worst == 0) return;
+
+  // Share the messages (bounded length) so rank 0 prints each distinct one once.
+  constexpr size_t kLen = 1024;
+  std::vector<char> mine(kLen, 0), all(kLen * static_cast<size_t>(comm.size()));
+  std::strncpy(mine.data(), message.c_str(), kLen - 1);
+  comm.allgather(mine.data(), all.data(), kLen);
+  if (comm.rank() == 0) {
+    std::map<std::string, std::vector<int>> ranks_by_message;
+    for (int r = 0; r < comm.size(); ++r) {
+      std::string m(&all[kLen * static_cast<size_t>(r)]);
+      if (!m.empty()) ranks_by_message[m].push_back(r);
+    }
+    for (const auto& [m, ranks] : ranks_by_message) {
+      if (static_cast<int>(ranks.size()) == comm.size()) {
+        print_error(m);
+      } else {
+        std::string who = "rank " + std::to_string(ranks[0]);
+        if (ranks.size() > 1) who += " (and " + std::to_string(ranks.size() - 1) + " more)";
+        print_error(who + ": " + m);
+      }
+    }
+  }
+  throw JobFailed(worst);
+}
+
+void fail_now(comm::Communicator& comm, const std::exception& e) {
+  const int code = exit_code_of(e);
+  if (comm.size() > 1)
+    print_error("rank " + std::to_string(comm.rank()) + ": " + e.what());
+  else
+    print_error(e.what());
+  comm.abort(code);
+  std::_Exit(code);  // not reached: abort() ends the process
+}
+
+}  // namespace ringattn

@@ -1,0 +1,30 @@
+// Helpers around Boost.Program_options shared by the subcommands.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace ringattn {
+
+// Parses args against desc (no positional arguments); unknown options and bad values become
+// UsageError with Boost's message and a pointer to --help.
+boost::program_options::variables_map parse_options(const boost::program_options::options_description& desc,
+                                                    const std::vector<std::string>& args,
+                                                    const std::string& command);
+
+// One "name=value" line per option, sorted: what the ranks compare to agree on their configuration.
+std::string canonical_options(const boost::program_options::variables_map& vm);
+
+// Rank 0's canonical options are sent to every rank; a rank whose options differ throws
+// UsageError naming the first differing option (call inside an agreed phase).
+void agree_on_options(comm::Communicator& comm, const std::string& canonical);
+
+// True when the user gave the option (not only its default).
+inline bool given(const boost::program_options::variables_map& vm, const char* name) {
+  return vm.count(name) && !vm[name].defaulted();
+}
+
+}  // namespace ringattn

@@ -1,0 +1,88 @@
+// Where the attention arithmetic runs and where its buffers live: the CPU (host memory) or a GPU
+// (device memory). The ring executor is written against this interface only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/attention_cpu.hpp"
+#include "runtime/ring_plan.hpp"
+
+namespace ringattn {
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual const char* name() const = 0;  // "cpu" or "cuda"
+  virtual comm::MemorySpace memory() const = 0;
+
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void fill(float* p, size_t n, float value) = 0;
+  // Host <-> backend memory (plain copies on the CPU).
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+
+  // dst (batch, sum of ranges, row_bytes) <- rows of src (batch, src_rows, row_bytes).
+  virtual void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
+                           const std::vector<RowRange>& ranges) = 0;
+  // dst rows += src (fp32): the inverse of gather_rows, used to return gradient partials.
+  virtual void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
+                                const std::vector<RowRange>& ranges) = 0;
+  virtual void add(float* dst, const float* src, size_t n) = 0;  // dst += src
+
+  // The kernels, with the semantics of kernels/attention_cpu.hpp; pointers are backend memory,
+  // positions are host arrays. `progress` is called between tiles (may be empty).
+  virtual void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
+                       const kernels::KeyValueRows& kv, const MaskView& mask, const kernels::AttentionState& state,
+                       const std::function<void()>& progress) = 0;
+  virtual void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout,
+                     DType dtype, float* delta) = 0;
+  virtual void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
+                        const kernels::KeyValueRows& kv, const void* dout, const float* lse, const float* delta,
+                        float* dq, float* dk, float* dv, const MaskView& mask,
+                        const std::function<void()>& progress) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual void synchronize() = 0;
+};
+
+std::unique_ptr<AttentionBackend> make_cpu_backend(int threads);
+
+// A buffer in backend memory, released with its owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(AttentionBackend& backend, size_t bytes)
+      : backend_(&backend), bytes_(bytes), ptr_(bytes ? backend.allocate(bytes) : nullptr) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    reset();
+    backend_ = o.backend_, bytes_ = o.bytes_, ptr_ = o.ptr_;
+    o.ptr_ = nullptr, o.bytes_ = 0;
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void reset() {
+    if (ptr_) backend_->release(ptr_);
+    ptr_ = nullptr;
+  }
+  AttentionBackend* backend_ = nullptr;
+  size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace ringattn

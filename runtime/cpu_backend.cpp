@@ -1,0 +1,86 @@
+// The CPU backend: host memory and the vectorised CPU kernels.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "runtime/backend.hpp"
+
+namespace ringattn {
+namespace {
+
+class CpuBackend final : public AttentionBackend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+  const char* name() const override { return "cpu"; }
+  comm::MemorySpace memory() const override { return comm::MemorySpace::host; }
+
+  void* allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void fill(float* p, size_t n, float value) override { std::fill(p, p + n, value); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
+                   const std::vector<RowRange>& ranges) override {
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        const size_t n = static_cast<size_t>(r.end - r.begin) * row_bytes;
+        std::memcpy(out, in + (static_cast<size_t>(b * src_rows + r.begin)) * row_bytes, n);
+        out += n;
+      }
+  }
+
+  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
+                        const std::vector<RowRange>& ranges) override {
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        float* out = dst + (b * dst_rows + r.begin) * row_elems;
+        const int64_t n = (r.end - r.begin) * row_elems;
+        for (int64_t i = 0; i < n; ++i) out[i] += src[i];
+        src += n;
+      }
+  }
+
+  void add(float* dst, const float* src, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+
+  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+               const MaskView& mask, const kernels::AttentionState& state,
+               const std::function<void()>& progress) override {
+    kernels::attention_forward(dims, q, kv, mask, state, options(progress));
+  }
+  void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
+             float* delta) override {
+    kernels::attention_delta(dims, rows, o, dout, dtype, delta);
+  }
+  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                const MaskView& mask, const std::function<void()>& progress) override {
+    kernels::attention_backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, options(progress));
+  }
+  void synchronize() override {}
+
+ private:
+  kernels::CpuOptions options(const std::function<void()>& progress) const {
+    kernels::CpuOptions o;
+    o.threads = threads_;
+    o.progress = progress;
+    return o;
+  }
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace ringattn

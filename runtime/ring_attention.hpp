@@ -1,0 +1,76 @@
+// Exact attention over a sequence sharded across the ranks of a communicator: each rank keeps its
+// queries and computes against K/V blocks as they arrive (RingPlan), merging partial states in a
+// fixed order, with the transfers of the next step posted before the compute of this one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/attention_cpu.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/mask.hpp"
+#include "runtime/ring_plan.hpp"
+#include "runtime/shard_layout.hpp"
+
+namespace ringattn {
+
+struct RingOptions {
+  kernels::AttentionDims dims;
+  DType dtype = DType::f32;
+  Schedule schedule = Schedule::direct;
+};
+
+// What one pass cost on this rank.
+struct PassStats {
+  double seconds = 0.0;          // wall time of the pass
+  double wait_seconds = 0.0;     // blocked waiting for data: the exposed communication
+  double compute_seconds = 0.0;  // in the kernels
+  uint64_t bytes_sent = 0;       // payload sent by this rank
+  int compute_steps = 0;
+};
+
+class RingAttention {
+ public:
+  RingAttention(comm::Communicator& comm, AttentionBackend& backend, const ShardLayout& layout, const Mask& mask,
+                const RingOptions& options);
+
+  const RingPlan& plan() const { return plan_; }
+  int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
+  const std::vector<int64_t>& positions() const { return positions_; }
+  // Bytes of one K (or V) row across the batch: what a row costs to move.
+  size_t kv_row_bytes() const;
+  // K/V bytes this rank must receive because its queries see them (the floor for any schedule).
+  uint64_t bytes_needed() const;
+
+  // This rank's shard, in backend memory: q (B, rows, H, D), k and v (B, rows, Hkv, D) in the
+  // options' dtype. Writes o (B, rows, H, D) and lse (B, H, rows), fp32.
+  PassStats forward(const void* q, const void* k, const void* v, float* o, float* lse);
+  // Given o and lse from forward and dout (dtype, like q): writes dq, dk, dv (fp32) for this shard.
+  PassStats backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
+                     const void* dout, float* dq, float* dk, float* dv);
+
+  // Called after each step of a pass with (steps done, steps in all); for --progress.
+  std::function<void(int, int)> on_step;
+
+ private:
+  struct Slot;
+  size_t kv_message_bytes(int64_t rows) const;
+  std::vector<int64_t> source_positions(int source, const std::vector<RowRange>& rows) const;
+  void post_key_values(int step, int purpose, const void* k, const void* v, std::vector<Slot>& slots,
+                       DeviceBuffer& own_shard, comm::Request& own_send);
+  void wait(comm::Request& r, const std::string& what, PassStats& stats);
+  int tag(int step, int purpose) const { return step * 4 + purpose; }
+
+  comm::Communicator& comm_;
+  AttentionBackend& backend_;
+  const ShardLayout& layout_;
+  const Mask& mask_;
+  MaskView mask_view_;
+  RingOptions options_;
+  RingPlan plan_;
+  std::vector<int64_t> positions_;
+};
+
+}  // namespace ringattn

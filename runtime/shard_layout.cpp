@@ -1,0 +1,101 @@
+#include "runtime/shard_layout.hpp"
+
+#include <algorithm>
+
+#include "runtime/errors.hpp"
+
+namespace ringattn {
+
+const char* layout_name(LayoutKind kind) {
+  switch (kind) {
+    case LayoutKind::contiguous: return "contiguous";
+    case LayoutKind::zigzag: return "zigzag";
+    case LayoutKind::striped: return "striped";
+  }
+  return "?";
+}
+
+LayoutKind parse_layout(const std::string& name) {
+  if (name == "contiguous") return LayoutKind::contiguous;
+  if (name == "zigzag") return LayoutKind::zigzag;
+  if (name == "striped") return LayoutKind::striped;
+  throw UsageError("--layout " + name + ": expected contiguous, zigzag or striped");
+}
+
+ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks) : kind_(kind), seq_len_(seq_len), ranks_(ranks) {
+  if (ranks < 1) throw UsageError("the job needs at least one rank");
+  if (seq_len < ranks)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " is smaller than the number of ranks (" +
+                     std::to_string(ranks) + "): every rank needs at least one position");
+}
+
+int64_t ShardLayout::chunk_start(int64_t c, int64_t n) const {
+  const int64_t base = seq_len_ / n, extra = seq_len_ % n;
+  return c * base + std::min(c, extra);  // the first `extra` chunks are one longer
+}
+
+std::vector<PositionRun> ShardLayout::runs(int rank) const {
+  const int64_t P = ranks_;
+  switch (kind_) {
+    case LayoutKind::contiguous: {
+      const int64_t a = chunk_start(rank, P), b = chunk_start(rank + 1, P);
+      return {PositionRun{a, b - a, 1}};
+    }
+    case LayoutKind::zigzag: {
+      std::vector<PositionRun> out;
+      for (int64_t c : {int64_t{rank}, 2 * P - 1 - rank}) {
+        const int64_t a = chunk_start(c, 2 * P), b = chunk_start(c + 1, 2 * P);
+        if (b > a) out.push_back(PositionRun{a, b - a, 1});
+      }
+      return out;
+    }
+    case LayoutKind::striped:
+      return {PositionRun{rank, (seq_len_ - rank + P - 1) / P, P}};
+  }
+  return {};
+}
+
+int64_t ShardLayout::rows(int rank) const {
+  int64_t n = 0;
+  for (const PositionRun& r : runs(rank)) n += r.count;
+  return n;
+}
+
+int64_t ShardLayout::max_rows() const {
+  int64_t m = 0;
+  for (int r = 0; r < ranks_; ++r) m = std::max(m, rows(r));
+  return m;
+}
+
+std::vector<int64_t> ShardLayout::positions(int rank) const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(rows(rank)));
+  for (const PositionRun& r : runs(rank))
+    for (int64_t t = 0; t < r.count; ++t) out.push_back(r.start + t * r.stride);
+  return out;
+}
+
+int64_t ShardLayout::position(int rank, int64_t local_row) const {
+  for (const PositionRun& r : runs(rank)) {
+    if (local_row < r.count) return r.start + local_row * r.stride;
+    local_row -= r.count;
+  }
+  return -1;
+}
+
+ShardLayout::Location ShardLayout::locate(int64_t pos) const {
+  const int64_t P = ranks_;
+  if (kind_ == LayoutKind::striped) return {static_cast<int>(pos % P), pos / P};
+  const int64_t n = kind_ == LayoutKind::zigzag ? 2 * P : P;
+  // Chunk c holds [chunk_start(c), chunk_start(c + 1)); the first `extra` chunks are one longer.
+  const int64_t base = seq_len_ / n, extra = seq_len_ % n;
+  const int64_t long_span = extra * (base + 1);
+  const int64_t c = pos < long_span ? pos / (base + 1) : extra + (pos - long_span) / base;
+  const int64_t within = pos - chunk_start(c, n);
+  if (kind_ == LayoutKind::contiguous) return {static_cast<int>(c), within};
+  if (c < P) return {static_cast<int>(c), within};
+  const int rank = static_cast<int>(2 * P - 1 - c);
+  return {rank, (chunk_start(rank + 1, n) - chunk_start(rank, n)) + within};  // after the rank's first chunk
+}
+
+}  // namespace ringattn
