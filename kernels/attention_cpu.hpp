@@ -60,6 +60,10 @@ const char* cpu_isa();
 int cpu_query_tile();
 int cpu_key_block();
 
+// Peak fp32 FMA rate of this machine with the selected ISA, measured now on `threads` threads
+// (independent FMA chains; GFLOP/s, 2 FLOPs per lane per FMA). The yardstick of the benchmark.
+double measure_fma_peak_gflops(int threads, double seconds = 0.3);
+
 // Head dims the CPU kernels support: multiples of 16 up to 512.
 bool cpu_supports_head_dim(int64_t head_dim);
 

@@ -11,6 +11,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "launch/attention_job.hpp"
+#include "launch/bench.hpp"
 #include "launch/context.hpp"
 #include "launch/job_control.hpp"
 #include "runtime/errors.hpp"
@@ -21,6 +22,7 @@ using ringattn::LaunchContext;
 
 int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "attention") return ringattn::run_attention(ctx);
+  if (command == "bench") return ringattn::run_bench(ctx);
   throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
 }
 

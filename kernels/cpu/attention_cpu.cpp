@@ -224,6 +224,39 @@ void check_dims(const AttentionDims& dims) {
 const char* cpu_isa() { return kernels().name; }
 int cpu_query_tile() { return kernels().query_tile; }
 int cpu_key_block() { return kernels().key_block; }
+double measure_fma_peak_gflops(int threads, double seconds) {
+  const TileKernels& tk = kernels();
+  // Calibrate the iteration count on one thread, then run every thread at once.
+  int64_t iters = 1 << 16;
+  double elapsed = 0.0;
+  float sink = 0.0f;
+  for (;;) {
+    const double t0 = omp_get_wtime();
+    sink += tk.fma_loop(iters, 1.0f);
+    elapsed = omp_get_wtime() - t0;
+    if (elapsed > seconds / 4 || iters > (int64_t{1} << 40)) break;
+    iters *= 4;
+  }
+  double best = 0.0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double t0 = 0.0, t1 = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+#pragma omp barrier
+#pragma omp single
+      t0 = omp_get_wtime();
+      sink += tk.fma_loop(iters, float(omp_get_thread_num()));
+#pragma omp barrier
+#pragma omp single
+      t1 = omp_get_wtime();
+    }
+    best = std::max(best, double(iters) * tk.fma_flops_per_iter * threads / (t1 - t0) / 1e9);
+  }
+  volatile float observed = sink;  // keeps the loops from being optimised away
+  (void)observed;
+  return best;
+}
+
 bool cpu_supports_head_dim(int64_t head_dim) { return head_dim > 0 && head_dim <= 512 && head_dim % 16 == 0; }
 
 void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const MaskView& mask,

@@ -288,8 +288,28 @@ void backward_block(const BackwardBlockArgs& a) {
   }
 }
 
+// The FMA peak of one core: kFmaChains independent multiply-add chains (enough to cover the FMA
+// latency on every current core), iters times. Returns a value so the loop is not optimised away.
+constexpr int kFmaChains = 12;
+float fma_loop(int64_t iters, float seed) {
+  V acc[kFmaChains];
+  for (int c = 0; c < kFmaChains; ++c) acc[c] = Isa::set1(seed + float(c));
+  const V a = Isa::set1(0.999999f), b = Isa::set1(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) acc[c] = Isa::fmadd(acc[c], a, b);
+  }
+  V sum = acc[0];
+  for (int c = 1; c < kFmaChains; ++c) sum = Isa::add(sum, acc[c]);
+  float lanes[W];
+  Isa::store(lanes, sum);
+  float total = 0.0f;
+  for (int i = 0; i < W; ++i) total += lanes[i];
+  return total;
+}
+
 }  // namespace
 
 TileKernels tile_kernels() {
-  return TileKernels{Isa::kName, W, BR, BC, &forward_tile, &backward_block};
+  return TileKernels{Isa::kName, W, BR, BC, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2};
 }

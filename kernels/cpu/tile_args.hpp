@@ -92,6 +92,8 @@ struct TileKernels {
   int key_block;    // Bc
   void (*forward_tile)(const ForwardTileArgs&);
   void (*backward_block)(const BackwardBlockArgs&);
+  float (*fma_loop)(int64_t iters, float seed);  // the benchmark's FMA peak probe
+  int fma_flops_per_iter;
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, the tests and the main job need. Idempotent and quick
+# when everything is present. The CUDA toolkit (nvcc, NCCL) is optional and not installed here:
+# when present, the GPU path is built as well.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config        # compilers and the build
+  openmpi-bin libopenmpi-dev              # MPI: mpirun, mpi.h
+  libboost-program-options-dev            # the command line
+  libopenblas-dev                         # sgemm for the LoRA projections and the benchmark yardstick
+  googletest libgtest-dev                 # the tests
+  clang libclang-rt-14-dev                # the libFuzzer target of the .npy reader (tests)
+  python3 python3-matplotlib python3-numpy  # launch/plot_scaling.py and file examples
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "launch/setup.sh: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "launch/setup.sh: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up, builds, and runs every test: the unit and MPI tests (ctest), then the same tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer, then a bounded fuzzing run of the .npy reader.
+# RINGATTN_QUICK=1 skips the sanitizer build and the fuzzer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+launch/setup.sh
+launch/build.sh
+source launch/env.sh
+ctest --test-dir build --output-on-failure --timeout 600
+
+if [ "${RINGATTN_QUICK:-0}" = "1" ]; then
+  exit 0
+fi
+
+# Sanitizers: CPU backend only (the CUDA targets add nothing here and take long to build).
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
+cmake --build build-asan -j"$(nproc)"
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -LE slow
+
+# Fuzzing: libFuzzer with clang, bounded time, seeded with tests/fuzz/corpus.
+if [ -d tests/fuzz ]; then
+  cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_FUZZ=ON -DRINGATTN_CUDA=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build build-fuzz -j"$(nproc)" --target fuzz_npy
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus/npy/* "$corpus"/
+  build-fuzz/fuzz_npy "$corpus" -max_total_time="${RINGATTN_FUZZ_SECONDS:-60}" -print_final_stats=1
+  rm -rf "$corpus"
+fi
