@@ -26,7 +26,8 @@ enum class MemorySpace : uint8_t { host, device };
 
 size_t data_type_size(DataType t);
 
-// Handle of a posted point-to-point transfer; invalid once completed.
+// Handle of a posted point-to-point transfer; invalid once completed, or once test() or wait()
+// has thrown.
 struct Request {
   int64_t id = -1;
   bool valid() const { return id >= 0; }
@@ -55,19 +56,22 @@ class Communicator {
   virtual MemorySpace memory() const = 0;
 
   // Point to point, non-blocking; the buffer must stay valid until the request completes.
-  // Messages between one pair of ranks with the same tag arrive in posting order.
+  // Messages between one pair of ranks with the same tag arrive in posting order. A receive
+  // names the byte count of its send.
   virtual Request isend(const void* buf, size_t bytes, int peer, int tag) = 0;
   virtual Request irecv(void* buf, size_t bytes, int peer, int tag) = 0;
   // True (and `r` invalidated) when the transfer is complete.
   virtual bool test(Request& r) = 0;
-  // Blocks until complete; after timeout() seconds throws CommError naming `what` and the peer.
-  // The time spent blocked here is added to wait_seconds().
+  // Blocks until complete; after timeout() seconds throws CommError naming `what` and the peer,
+  // and gives the transfer up. The time spent blocked here is added to wait_seconds().
   virtual void wait(Request& r, const std::string& what) = 0;
   void wait_all(std::span<Request> requests, const std::string& what) {
     for (Request& r : requests)
       if (r.valid()) wait(r, what);
   }
-  // Lets outstanding transfers advance; cheap, called from compute loops between tiles.
+  // Lets outstanding transfers advance; cheap, called from compute loops between tiles. Any
+  // thread may call it; it does something only on the thread that owns the communicator. Never
+  // throws: an error it meets is thrown by the next test() or wait() of that transfer.
   virtual void progress() = 0;
 
   // Collectives: blocking, bounded by the timeout, same call order on every rank.
@@ -92,7 +96,8 @@ class Communicator {
   virtual void set_link_emulation(const LinkEmulation& link) { link_ = link; }
   const LinkEmulation& link_emulation() const { return link_; }
 
-  // Counters: payload bytes posted by isend, and seconds blocked in wait().
+  // Counters: payload bytes posted by isend, and seconds blocked in wait() (time in collectives
+  // is not counted: wait_seconds is the time compute waited for point-to-point data).
   uint64_t bytes_sent() const { return bytes_sent_; }
   double wait_seconds() const { return wait_seconds_; }
   void reset_counters() {

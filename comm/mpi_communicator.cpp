@@ -1,0 +1,443 @@
+#include "comm/mpi_communicator.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "comm/stopwatch.hpp"
+
+namespace ringattn::comm {
+namespace {
+
+constexpr double kForever = std::numeric_limits<double>::infinity();
+// Polling pace of blocking calls (see the header): spin, then sleep, longer and longer.
+constexpr double kSpinSeconds = 50e-6;
+constexpr double kFirstSleepSeconds = 50e-6;
+constexpr double kLongestSleepSeconds = 200e-6;
+
+MPI_Datatype mpi_type(DataType t) {
+  switch (t) {
+    case DataType::u8: return MPI_UINT8_T;
+    case DataType::i32: return MPI_INT32_T;
+    case DataType::i64: return MPI_INT64_T;
+    case DataType::f32: return MPI_FLOAT;
+    case DataType::f64: return MPI_DOUBLE;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+const char* type_name(DataType t) {
+  static const char* names[] = {"u8", "i32", "i64", "f32", "f64"};
+  return names[static_cast<int>(t)];
+}
+
+const char* op_name(ReduceOp op) {
+  static const char* names[] = {"sum", "max", "min"};
+  return names[static_cast<int>(op)];
+}
+
+// "4 x f32, sum": what a reduction was about, for error messages.
+std::string reduction_text(size_t count, DataType type, ReduceOp op) {
+  return std::to_string(count) + " x " + type_name(type) + ", " + op_name(op);
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// Request ids are unique in the process, so a request waited on the wrong communicator is an
+// error rather than someone else's transfer.
+int64_t next_request_id() {
+  static std::atomic<int64_t> next{0};
+  return next++;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, size_t chunk_bytes)
+    : chunk_bytes_(chunk_bytes), owner_(std::this_thread::get_id()), links_(std::make_shared<Links>()) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw CommError("MpiCommunicator: MPI is not initialised (the program calls MPI_Init_thread first)");
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+  if (chunk_bytes_ == 0 || chunk_bytes_ > size_t(INT_MAX))
+    throw CommError("MpiCommunicator: chunk_bytes must be between 1 and 2^31 - 1, not " + std::to_string(chunk_bytes));
+  MPI_Request req;
+  check(MPI_Comm_idup(comm, &comm_, &req), "MPI_Comm_idup");
+  finish_collective(req, "creating the communicator (MPI_Comm_idup)");
+  adopt();
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent)
+    : comm_(owned), chunk_bytes_(parent.chunk_bytes_), owner_(parent.owner_), links_(parent.links_) {
+  timeout_s_ = parent.timeout_s_;
+  link_ = parent.link_;
+  adopt();
+}
+
+void MpiCommunicator::adopt() {
+  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
+  tag_ub_ = found ? *tag_ub : 32767;  // the least MPI guarantees
+
+  // Error messages name ranks of this communicator; in a sub-communicator also the world's.
+  MPI_Group group, world;
+  MPI_Comm_group(comm_, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(size_), world_ranks(size_);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  MPI_Group_translate_ranks(group, size_, ranks.data(), world, world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size != size_ || world_ranks != ranks) world_ranks_ = std::move(world_ranks);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // too late to touch MPI objects; MPI_Finalize has released them
+  for (auto& [id, t] : transfers_) release(t);
+  MPI_Comm_free(&comm_);
+}
+
+// ---- point to point ----
+
+Request MpiCommunicator::isend(const void* buf, size_t bytes, int peer, int tag) {
+  // MPI reads a send buffer only; the cast lets sends and receives share post().
+  return post(const_cast<void*>(buf), bytes, peer, tag, true);
+}
+
+Request MpiCommunicator::irecv(void* buf, size_t bytes, int peer, int tag) { return post(buf, bytes, peer, tag, false); }
+
+Request MpiCommunicator::post(void* buf, size_t bytes, int peer, int tag, bool is_send) {
+  const char* call = is_send ? "isend" : "irecv";
+  check_thread(call);
+  if (peer < 0 || peer >= size_)
+    throw CommError(prefix() + call + " with rank " + std::to_string(peer) + ", which is not in this communicator of " +
+                    std::to_string(size_) + " ranks");
+  if (tag < 0 || tag > tag_ub_)
+    throw CommError(prefix() + call + " with tag " + std::to_string(tag) + ", outside MPI's [0, " + std::to_string(tag_ub_) +
+                    "]");
+  Transfer t;
+  t.is_send = is_send;
+  t.peer = peer;
+  t.tag = tag;
+  t.bytes = bytes;
+  // A message to oneself never crosses the network, so it is not delayed.
+  if (link_.active() && peer != rank_)
+    t.emulated_done = (is_send ? links_->outgoing : links_->incoming).book(now_seconds(), bytes, link_);
+  // Consecutive chunks with one tag between one pair arrive in order (MPI's non-overtaking rule).
+  size_t offset = 0;
+  do {
+    const int n = int(std::min(chunk_bytes_, bytes - offset));
+    char* p = static_cast<char*>(buf) + offset;
+    MPI_Request req;
+    if (is_send)
+      check(MPI_Isend(p, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Isend");
+    else
+      check(MPI_Irecv(p, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Irecv");
+    t.chunks.push_back(req);
+    offset += size_t(n);
+  } while (offset < bytes);
+  if (is_send) bytes_sent_ += bytes;
+  const int64_t id = next_request_id();
+  transfers_.emplace(id, std::move(t));
+  return Request{id};
+}
+
+// Tests the chunks in order up to the first unfinished one; MPI_Test turns finished ones into
+// MPI_REQUEST_NULL, so each is checked once. A failed transfer keeps its error: every later
+// test says the same.
+bool MpiCommunicator::mpi_test(Transfer& t) {
+  auto fail = [&](std::string message) {
+    t.error = std::move(message);
+    return CommError(t.error);
+  };
+  if (!t.error.empty()) throw CommError(t.error);
+  for (size_t i = 0; i < t.chunks.size() && !t.mpi_done; ++i) {
+    MPI_Request& req = t.chunks[i];
+    if (req == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    MPI_Status status;
+    if (int err = MPI_Test(&req, &flag, &status); err != MPI_SUCCESS)
+      throw fail(mpi_error(err, "MPI_Test of " + transfer_text(t)).what());
+    if (!flag) return false;
+    if (!t.is_send) {
+      int received = 0;
+      MPI_Get_count(&status, MPI_BYTE, &received);
+      const size_t expected = std::min(chunk_bytes_, t.bytes - i * chunk_bytes_);
+      if (size_t(received) != expected)
+        throw fail(prefix() + "received " + std::to_string(received) + " bytes in " + transfer_text(t) + ", expected " +
+                   std::to_string(expected) + " (the sender posted a different size)");
+    }
+  }
+  t.mpi_done = true;
+  return true;
+}
+
+bool MpiCommunicator::test(Request& r) {
+  if (!r.valid()) return true;
+  check_thread("test");
+  auto it = find(r, "test");
+  Transfer& t = it->second;
+  bool done = false;
+  try {
+    done = mpi_test(t) && now_seconds() >= t.emulated_done;
+  } catch (const CommError&) {
+    forget(it, r);
+    throw;
+  }
+  if (done) forget(it, r);
+  return done;
+}
+
+void MpiCommunicator::wait(Request& r, const std::string& what) {
+  if (!r.valid()) return;
+  check_thread("wait");
+  auto it = find(r, "wait");
+  Transfer& t = it->second;
+  const Stopwatch blocked;
+  bool done = false;
+  try {
+    done = block([&](double now) { return mpi_test(t) ? std::max(0.0, t.emulated_done - now) : kForever; });
+  } catch (const CommError&) {
+    forget(it, r);
+    throw;
+  }
+  wait_seconds_ += blocked.seconds();
+  if (!done) {
+    const std::string message = prefix() + "timed out after " + seconds_text(timeout_s_) + " s waiting for '" + what +
+                                "' " + (t.is_send ? "to reach " : "from ") + describe(t.peer) + " (tag " +
+                                std::to_string(t.tag) + ", " + std::to_string(t.bytes) + " bytes)";
+    forget(it, r);
+    throw CommError(message);
+  }
+  forget(it, r);
+}
+
+void MpiCommunicator::progress() {
+  if (std::this_thread::get_id() != owner_ || transfers_.empty()) return;
+  for (auto& [id, t] : transfers_)
+    if (!t.mpi_done && t.error.empty()) {
+      try {
+        mpi_test(t);  // one pass of the progress engine advances every transfer
+      } catch (const CommError&) {
+        // kept in t.error for the next test() or wait()
+      }
+      return;
+    }
+}
+
+std::map<int64_t, MpiCommunicator::Transfer>::iterator MpiCommunicator::find(const Request& r, const char* call) {
+  auto it = transfers_.find(r.id);
+  if (it == transfers_.end())
+    throw CommError(prefix() + call + " of request " + std::to_string(r.id) +
+                    ", which this communicator does not hold (completed already, or posted on another one)");
+  return it;
+}
+
+// Drops a transfer that is done, failed or timed out, and invalidates its request.
+void MpiCommunicator::forget(std::map<int64_t, Transfer>::iterator it, Request& r) {
+  release(it->second);
+  transfers_.erase(it);
+  r.id = -1;
+}
+
+// Gives up the chunks MPI has not finished (see the header: after a timeout).
+void MpiCommunicator::release(Transfer& t) {
+  for (MPI_Request& req : t.chunks) {
+    if (req == MPI_REQUEST_NULL) continue;
+    if (!t.is_send) MPI_Cancel(&req);
+    MPI_Request_free(&req);
+  }
+}
+
+template <class SecondsLeft>
+bool MpiCommunicator::block(SecondsLeft seconds_left) {
+  const double start = now_seconds();
+  double pause = kFirstSleepSeconds;
+  for (;;) {
+    const double now = now_seconds();
+    const double left = seconds_left(now);
+    if (left <= 0.0) return true;
+    const double until_timeout = start + timeout_s_ - now;
+    if (until_timeout <= 0.0) return false;
+    if (left < kForever) {
+      // MPI is done and only the emulated link is not: nothing can end this sooner.
+      sleep_seconds(std::min(left, until_timeout));
+    } else if (now - start >= kSpinSeconds) {
+      sleep_seconds(std::min(pause, until_timeout));
+      pause = std::min(2 * pause, kLongestSleepSeconds);
+    }
+  }
+}
+
+// ---- collectives ----
+
+void MpiCommunicator::finish_collective(MPI_Request& req, const std::string& what) {
+  const bool done = block([&](double) {
+    int flag = 0;
+    check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    return flag ? 0.0 : kForever;
+  });
+  if (!done)
+    throw CommError(prefix() + "timed out after " + seconds_text(timeout_s_) + " s in " + what +
+                    ": some rank of this communicator of " + std::to_string(size_) + " ranks did not join it");
+}
+
+void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
+  check_thread("allreduce");
+  MPI_Request req;
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, int_count(count, "allreduce"), mpi_type(type), mpi_op(op), comm_, &req),
+        "MPI_Iallreduce");
+  finish_collective(req, "allreduce (" + reduction_text(count, type, op) + ")");
+}
+
+void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  check_thread("broadcast");
+  MPI_Request req;
+  check(MPI_Ibcast(buf, int_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+  finish_collective(req, "broadcast (" + std::to_string(bytes) + " bytes from " + describe(root) + ")");
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes_per_rank) {
+  check_thread("allgather");
+  const int n = int_count(bytes_per_rank, "allgather");
+  // This rank's block already in place: MPI forbids overlapping buffers and wants MPI_IN_PLACE.
+  const void* mine = send == static_cast<char*>(recv) + size_t(rank_) * bytes_per_rank ? MPI_IN_PLACE : send;
+  MPI_Request req;
+  check(MPI_Iallgather(mine, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &req), "MPI_Iallgather");
+  finish_collective(req, "allgather (" + std::to_string(bytes_per_rank) + " bytes per rank)");
+}
+
+void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) {
+  check_thread("allgatherv");
+  check_per_rank(recv_bytes.size(), "allgatherv");
+  // Members, not locals: MPI may read them until the operation completes, which after a
+  // timeout is after this call has returned.
+  counts_.resize(size_);
+  displacements_.resize(size_);
+  size_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    counts_[r] = int_count(recv_bytes[r], "allgatherv");
+    displacements_[r] = int_count(offset, "allgatherv");
+    offset += recv_bytes[r];
+  }
+  const void* mine = send == static_cast<char*>(recv) + displacements_[rank_] ? MPI_IN_PLACE : send;
+  MPI_Request req;
+  check(MPI_Iallgatherv(mine, counts_[rank_], MPI_BYTE, recv, counts_.data(), displacements_.data(), MPI_BYTE, comm_,
+                        &req),
+        "MPI_Iallgatherv");
+  finish_collective(req, "allgatherv (" + std::to_string(offset) + " bytes in all)");
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+                                     ReduceOp op) {
+  check_thread("reduce_scatter");
+  check_per_rank(counts.size(), "reduce_scatter");
+  counts_.resize(size_);  // a member for the reason given in allgatherv
+  for (int r = 0; r < size_; ++r) counts_[r] = int_count(counts[r], "reduce_scatter");
+  MPI_Request req;
+  check(MPI_Ireduce_scatter(send, recv, counts_.data(), mpi_type(type), mpi_op(op), comm_, &req), "MPI_Ireduce_scatter");
+  finish_collective(req, "reduce_scatter (" + reduction_text(counts[rank_], type, op) + " to this rank)");
+}
+
+void MpiCommunicator::barrier() {
+  check_thread("barrier");
+  bounded_barrier("barrier");
+}
+
+void MpiCommunicator::bounded_barrier(const std::string& what) {
+  MPI_Request req;
+  check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+  finish_collective(req, what);
+}
+
+void MpiCommunicator::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this keeps the promise of [[noreturn]]
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  check_thread("split");
+  // MPI_Comm_split blocks without a bound; enter it only once every rank has arrived.
+  bounded_barrier("split (the barrier before MPI_Comm_split)");
+  MPI_Comm sub = MPI_COMM_NULL;
+  check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return nullptr;
+  return std::unique_ptr<Communicator>(new MpiCommunicator(sub, *this));
+}
+
+// ---- errors ----
+
+CommError MpiCommunicator::mpi_error(int mpi_error, const std::string& call) const {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS) length = 0;
+  return CommError(prefix() + call + " failed: " + std::string(text, size_t(length)));
+}
+
+void MpiCommunicator::check(int mpi_error_code, const char* call) const {
+  if (mpi_error_code != MPI_SUCCESS) throw mpi_error(mpi_error_code, call);
+}
+
+void MpiCommunicator::check_thread(const char* call) const {
+  if (std::this_thread::get_id() != owner_)
+    throw CommError(prefix() + call +
+                    " called off the thread that created the communicator; with MPI_THREAD_FUNNELED only that "
+                    "thread may call MPI");
+}
+
+void MpiCommunicator::check_per_rank(size_t n, const char* call) const {
+  if (n != size_t(size_))
+    throw CommError(prefix() + call + " given " + std::to_string(n) + " sizes for a communicator of " +
+                    std::to_string(size_) + " ranks");
+}
+
+int MpiCommunicator::int_count(size_t n, const char* call) const {
+  if (n > size_t(INT_MAX))
+    throw CommError(prefix() + call + " of " + std::to_string(n) +
+                    " elements exceeds MPI's int count (2^31 - 1); split it into several calls");
+  return int(n);
+}
+
+std::string MpiCommunicator::describe(int rank) const {
+  std::string text = "rank " + std::to_string(rank);
+  if (rank >= 0 && size_t(rank) < world_ranks_.size()) text += " (world rank " + std::to_string(world_ranks_[rank]) + ")";
+  return text;
+}
+
+std::string MpiCommunicator::prefix() const { return describe(rank_) + ": "; }
+
+std::string MpiCommunicator::transfer_text(const Transfer& t) const {
+  return std::string(t.is_send ? "the send to " : "the receive from ") + describe(t.peer) + " (tag " +
+         std::to_string(t.tag) + ", " + std::to_string(t.bytes) + " bytes)";
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
+
+}  // namespace ringattn::comm

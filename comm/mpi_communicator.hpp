@@ -1,0 +1,167 @@
+// The MPI communicator: point-to-point transfers and collectives over an MPI communicator, on
+// host memory. The caller owns MPI_Init_thread (MPI_THREAD_FUNNELED) and MPI_Finalize.
+//
+// Threads. Only the thread that created the communicator calls MPI (FUNNELED). progress() called
+// from any other thread, e.g. an OpenMP worker in a compute loop, returns at once; any other call
+// from another thread throws CommError.
+//
+// Progress. MPI moves a large (rendezvous) message only while the processes at both ends are
+// inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it
+// costs two comparisons; otherwise one MPI_Test on the oldest unfinished transfer: one pass of
+// the MPI progress engine advances every transfer, so testing each would multiply the cost, not
+// the progress. It never throws (an exception must not leave an OpenMP region): an error it
+// meets is thrown by the next test() or wait() of that transfer.
+//
+// Timeouts. A blocking call polls MPI_Test, spinning for the first 50 us, then sleeping 50 us
+// growing to 200 us (a waiting rank leaves its core to a rank that computes: ranks share cores
+// when oversubscribed), and throws CommError after timeout() seconds, naming this rank, the peer,
+// the tag and what was awaited. Collectives and creation use the non-blocking MPI calls
+// (MPI_Iallreduce, ..., MPI_Comm_idup) for the same reason; MPI_Comm_split, which has none, is
+// entered only after a bounded barrier has shown that every rank arrived.
+// After a timeout, as after any CommError from test() or wait(), the request is invalid. A receive is cancelled (MPI_Cancel, MPI_Request_free),
+// so a later message with its tag goes to a later receive. A send is let go (MPI_Request_free:
+// Open MPI cannot cancel a rendezvous send) and is still delivered if the peer ever receives it.
+// A collective can be neither cancelled nor freed and is left to MPI. The communicator stays
+// usable, but a CommError is meant to end the job (exit code 4): until then MPI may still read a
+// timed-out send's buffer or write a timed-out collective's.
+//
+// Large messages. MPI counts are int, so a transfer goes as consecutive messages of at most
+// chunk_bytes (1 GiB); a receive must name the byte count of its send (checked on arrival).
+// Collectives take at most 2^31 - 1 elements per rank and call (a larger one throws CommError).
+//
+// Link emulation (set_link_emulation). Each rank has one emulated link per direction, shared by
+// all its peers and by the communicators split from this one, as a rank has one network port.
+// A message of n bytes posted at t waits for the link to carry the messages booked before it,
+// start = max(t, link free), holds it n / bandwidth, and arrives `latency` later:
+// done = start + n / bandwidth + latency. Latency does not hold the link (a long wire carries
+// several messages at once). A request is complete once MPI says so and its emulated time has
+// come, on both sides: the sender books its outgoing link when it posts the send, the receiver
+// its incoming link when it posts the receive. The receiver does not know when the send was
+// posted, so this is exact when both are posted together (as in a ring step), early by up to
+// the gap when the receive is posted long before the send, and never earlier than MPI's real
+// arrival. Messages to oneself and collectives are not delayed.
+//
+// Counters. bytes_sent() counts isend payloads. wait_seconds() counts the time blocked in
+// wait() only: the time compute waited for data ("exposed communication" in the benchmarks);
+// time in collectives and in test() is not counted.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace ringattn::comm {
+
+// One direction of a rank's emulated link: messages queue for it and are carried one at a time.
+struct EmulatedLink {
+  double free_at = 0.0;  // when the link has carried every message booked so far
+
+  // Books a message of `bytes` posted at time `now` (seconds); returns when it has arrived.
+  double book(double now, size_t bytes, const LinkEmulation& link) {
+    const double start = std::max(now, free_at);
+    free_at = start + (link.gbps > 0.0 ? double(bytes) / (link.gbps * 1e9) : 0.0);
+    return free_at + link.latency_us * 1e-6;
+  }
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  static constexpr size_t kDefaultChunkBytes = size_t(1) << 30;
+
+  // Works on a duplicate of `comm` (collective over it), so that its tags and its error handler
+  // (MPI_ERRORS_RETURN) never meet the caller's. chunk_bytes is the largest single MPI message.
+  explicit MpiCommunicator(MPI_Comm comm, size_t chunk_bytes = kDefaultChunkBytes);
+  // Outstanding receives are cancelled and sends let go (MPI_Request_free); frees the duplicate.
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+  MemorySpace memory() const override { return MemorySpace::host; }
+
+  Request isend(const void* buf, size_t bytes, int peer, int tag) override;
+  Request irecv(void* buf, size_t bytes, int peer, int tag) override;
+  bool test(Request& r) override;
+  void wait(Request& r, const std::string& what) override;
+  void progress() override;
+
+  void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
+  void broadcast(void* buf, size_t bytes, int root) override;
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
+  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+                      ReduceOp op) override;
+  void barrier() override;
+  [[noreturn]] void abort(int exit_code) override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+  MPI_Comm mpi_comm() const { return comm_; }
+  // Transfers posted and not yet reported complete.
+  size_t outstanding() const { return transfers_.size(); }
+
+ private:
+  struct Links {
+    EmulatedLink outgoing, incoming;
+  };
+  // One posted isend or irecv: its MPI messages (one per chunk) and its emulated arrival.
+  struct Transfer {
+    std::vector<MPI_Request> chunks;
+    bool is_send = false;
+    int peer = 0, tag = 0;
+    size_t bytes = 0;
+    double emulated_done = 0.0;  // 0 without link emulation
+    bool mpi_done = false;
+    std::string error;  // met by progress(), thrown by the next test() or wait()
+  };
+
+  // Adopts `owned` (from split), with the settings and links of `parent`.
+  MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent);
+  void adopt();
+
+  Request post(void* buf, size_t bytes, int peer, int tag, bool is_send);
+  std::map<int64_t, Transfer>::iterator find(const Request& r, const char* call);
+  bool mpi_test(Transfer& t);
+  void forget(std::map<int64_t, Transfer>::iterator it, Request& r);
+  void release(Transfer& t);
+  // Blocks until `seconds_left(now)` is 0; false once timeout() seconds have passed.
+  // seconds_left returns a known time (emulated link) or infinity while MPI is not done.
+  template <class SecondsLeft>
+  bool block(SecondsLeft seconds_left);
+  void finish_collective(MPI_Request& req, const std::string& what);
+  void bounded_barrier(const std::string& what);
+
+  CommError mpi_error(int mpi_error, const std::string& call) const;
+  void check(int mpi_error_code, const char* call) const;
+  void check_thread(const char* call) const;
+  void check_per_rank(size_t n, const char* call) const;
+  int int_count(size_t n, const char* call) const;
+  std::string describe(int rank) const;  // "rank 3", with the world rank in a sub-communicator
+  std::string prefix() const;            // "rank 3: ", to begin error messages
+  std::string transfer_text(const Transfer& t) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  int tag_ub_ = 32767;
+  std::vector<int> world_ranks_;  // empty when ranks here are the world's ranks
+  size_t chunk_bytes_;
+  std::thread::id owner_;
+  std::shared_ptr<Links> links_;
+  std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
+  std::vector<int> counts_, displacements_;  // arguments of the v-collectives
+};
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+}  // namespace ringattn::comm
