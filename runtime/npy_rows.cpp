@@ -150,7 +150,7 @@ std::vector<float> read_npy_float(const std::string& path, const std::string& la
   std::vector<float> data(static_cast<size_t>(info.elements()));
   const int64_t all = 0;
   RowSelection rows{1, 1, info.elements(), std::span<const int64_t>(&all, 1)};
-  if (info.elements()) read_npy_rows(info, rows, data.data(), note);
+  read_npy_rows(info, rows, data.data(), note);  // also when empty: the note still applies
   if (shape) *shape = info.shape;
   return data;
 }
