@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -323,8 +324,8 @@ void write_outputs(comm::Communicator& comm, const Job& job, const std::vector<i
 int run_attention(LaunchContext& ctx) {
   comm::Communicator& comm = ctx.world;
   const int P = comm.size(), rank = comm.rank();
-  Options o;
-  const po::options_description desc = describe(o);
+  Options opts;
+  const po::options_description desc = describe(opts);
   Job job;
   bool help = false;
   const bool default_job = ctx.args.empty();
@@ -335,12 +336,12 @@ int run_attention(LaunchContext& ctx) {
       return;
     }
     if (default_job) {  // SPEC.md: with no options, a small self-checking job
-      o.mask.causal = true;
-      o.backward = true;
-      o.check = true;
+      opts.mask.causal = true;
+      opts.backward = true;
+      opts.check = true;
     }
     agree_on_options(comm, canonical_options(vm));
-    job = resolve(o, vm, ctx);
+    job = resolve(opts, vm, ctx);
   });
   if (help) {
     if (rank == 0)

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
 
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  LaunchContext ctx{*world};
+  LaunchContext ctx{*world, 0, 1, 1, {}};
   MPI_Comm_rank(node, &ctx.local_rank);
   MPI_Comm_size(node, &ctx.local_ranks);
   MPI_Comm_free(&node);
