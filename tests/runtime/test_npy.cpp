@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <iterator>
-#include <limits>
 
 #include "runtime/errors.hpp"
 #include "tests/test_util.hpp"
