@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -153,7 +154,6 @@ std::string excerpt(std::string_view s, size_t limit = 80) {
   }
   return "\"" + out + (s.size() > limit ? "...\"" : "\"");
 }
-
 
 // Maps a descr string to one of kDTypes; the byte order of a one-byte type does not matter.
 const DTypeInfo& parse_descr(const std::string& descr, const std::string& where) {
@@ -315,6 +315,10 @@ class HeaderDict {
 // `head` holds at least the first min(file_size, 12) bytes.
 int64_t header_end(std::string_view head, int64_t file_size, int64_t* preamble, const std::string& where) {
   if (file_size == 0) throw UsageError(where + "not a .npy file (the file is empty)");
+  const int64_t fixed = std::min<int64_t>(file_size, 12);
+  if (static_cast<int64_t>(head.size()) < fixed)
+    throw UsageError(where + "truncated header: " + std::to_string(head.size()) + " of " + std::to_string(fixed) +
+                     " header bytes given");
   const size_t compared = std::min(kMagic.size(), head.size());
   if (head.substr(0, compared) != kMagic.substr(0, compared)) {
     const std::string hint = head.substr(0, 4) == "PK\x03\x04" ? ": a zip archive, perhaps a .npz" : "";
@@ -389,7 +393,10 @@ NpyInfo inspect_npy(const std::string& path, const std::string& label) {
 std::string npy_header_bytes(const std::string& descr, const std::vector<int64_t>& shape) {
   // NumPy sorts the keys and leaves room for axis 0 to grow to 21 digits in place.
   std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + format_shape(shape) + ", }";
-  if (!shape.empty()) dict.append(static_cast<size_t>(std::max<int64_t>(0, 21 - std::to_string(shape[0]).size())), ' ');
+  if (!shape.empty()) {
+    const int64_t spare = 21 - static_cast<int64_t>(std::to_string(shape[0]).size());
+    dict.append(static_cast<size_t>(std::max<int64_t>(0, spare)), ' ');
+  }
   for (const int major : {1, 2}) {
     const int64_t preamble = major == 1 ? 10 : 12;
     const int64_t text = static_cast<int64_t>(dict.size()) + 1;  // + '\n'

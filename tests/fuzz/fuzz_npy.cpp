@@ -1,6 +1,7 @@
 // libFuzzer target for the .npy header parser and readers. For any bytes:
 //   - parsing from memory and inspecting the same bytes as a file agree, on the header or on the
-//     exact message that refuses it, and a refusal is always a UsageError;
+//     exact message that refuses it, and a refusal is always a UsageError; so does parsing from
+//     fewer bytes than the header;
 //   - an accepted header fits in the bytes given, and the readers of its dtype read it whole;
 //   - the header we would write for it parses back to the same dtype and shape.
 // Anything else (another exception, a crash, a sanitizer report) is a finding.
@@ -73,6 +74,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     parsed = parse_npy_header(bytes, file_size, path, "--fuzz");
   } catch (const UsageError& e) {
     refused = e.what();
+  }
+  // A caller may hand over fewer bytes than the header: refused, or read the same.
+  const size_t cut = size ? data[size - 1] % (size + 1) : 0;
+  try {
+    const NpyInfo part = parse_npy_header(bytes.substr(0, cut), file_size, path, "--fuzz");
+    check(parsed && part.shape == parsed->shape && part.data_offset == parsed->data_offset);
+  } catch (const UsageError&) {
   }
   std::optional<NpyInfo> inspected;
   try {

@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <iterator>
-#include <limits>
 
 #include "runtime/errors.hpp"
 #include "tests/test_util.hpp"
@@ -438,6 +438,8 @@ TEST(NpyHeader, ParsesFromMemoryAndChecksTheHeaderIsWhole) {
   EXPECT_EQ(parse_npy_header(h, 128 + 8, "mem.npy", "--q").shape, std::vector<int64_t>{2});
   expect_usage_error([&] { parse_npy_header(std::string_view(h).substr(0, 100), 136, "mem.npy", "--q"); },
                      "--q mem.npy", "truncated header: 100 of 128 header bytes given");
+  expect_usage_error([&] { parse_npy_header(std::string_view(h).substr(0, 5), 136, "mem.npy", "--q"); },
+                     "--q mem.npy", "truncated header: 5 of 12 header bytes given");
   expect_usage_error([&] { parse_npy_header(h, 128 + 7, "mem.npy", "--q"); }, "--q mem.npy",
                      "file holds 7 bytes after its 128-byte header");
 }
