@@ -136,7 +136,7 @@ TEST_F(MpiTest, ProgressAdvancesLargeTransfersDuringABusyLoop) {
 TEST_F(MpiTest, ProgressIsCheapWhenNothingIsOutstanding) {
   const Stopwatch watch;
   for (int i = 0; i < 1000000; ++i) comm->progress();
-  EXPECT_LT(watch.seconds(), 0.2) << "more than 200 ns per progress() call";
+  EXPECT_LT(watch.seconds(), 1.0) << "more than 1 us per progress() call (typically 0.2 us; slack for busy machines)";
 }
 
 // With a transfer outstanding, progress() is one pass of MPI's progress engine: a microsecond or
@@ -148,7 +148,7 @@ TEST_F(MpiTest, ProgressIsCheapWithATransferOutstanding) {
   const Stopwatch watch;
   for (int i = 0; i < calls; ++i) comm->progress();
   const double per_call = watch.seconds() / calls;
-  EXPECT_LT(per_call, 10e-6) << "seconds per progress() call";
+  EXPECT_LT(per_call, 50e-6) << "seconds per progress() call (typically 1 us; slack for oversubscribed ranks)";
   comm->barrier();  // every receive is posted and polled before the sends
   Request send = comm->isend(&byte, 1, next_rank(*comm), 10);
   comm->wait(recv, "progress cost");
