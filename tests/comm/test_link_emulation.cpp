@@ -74,7 +74,9 @@ TEST_F(MpiTest, AnEmptyMessageTakesTheLatency) {
   const RingTimes t = timed_ring_exchange(*comm, 0, 2);
   EXPECT_GE(t.recv, 100e-6);
   EXPECT_GE(t.send, 100e-6);
-  if (ranks_have_own_cores(*comm)) EXPECT_LE(t.send, 0.02 + kSchedulerSlack);
+  if (ranks_have_own_cores(*comm)) {
+    EXPECT_LE(t.send, 0.02 + kSchedulerSlack);
+  }
 }
 
 // Two 10 MB messages posted together share the link: the second arrives 10 ms after the first.
@@ -126,7 +128,9 @@ TEST_F(MpiTest, TestIsFalseUntilTheEmulatedTimeHasCome) {
   comm->set_link_emulation({});  // off again: no delay is added
   EXPECT_FALSE(comm->link_emulation().active());
   const RingTimes t = timed_ring_exchange(*comm, 1, 5);
-  if (ranks_have_own_cores(*comm)) EXPECT_LT(t.send, 0.02 + kSchedulerSlack);
+  if (ranks_have_own_cores(*comm)) {
+    EXPECT_LT(t.send, 0.02 + kSchedulerSlack);
+  }
 }
 
 // A message to oneself never crosses the network: the link does not delay it.
@@ -139,7 +143,9 @@ TEST_F(MpiTest, MessagesToOneselfAreNotDelayed) {
   Request send = comm->isend(out.data(), out.size(), rank(), 6);
   comm->wait(recv, "to myself");
   comm->wait(send, "to myself");
-  if (ranks_have_own_cores(*comm)) EXPECT_LT(watch.seconds(), 0.02 + kSchedulerSlack);
+  if (ranks_have_own_cores(*comm)) {
+    EXPECT_LT(watch.seconds(), 0.02 + kSchedulerSlack);
+  }
   EXPECT_TRUE(in == out);
 }
 
