@@ -20,6 +20,7 @@ namespace ringattn::kernels {
 namespace cpu {
 #if defined(RINGATTN_X86_ISAS)
 namespace avx512 { TileKernels tile_kernels(); }
+namespace avx512bf16 { TileKernels tile_kernels(); }
 namespace avx2 { TileKernels tile_kernels(); }
 #endif
 namespace scalar { TileKernels tile_kernels(); }
@@ -42,9 +43,14 @@ TileKernels choose_kernels() {
 #if defined(RINGATTN_X86_ISAS)
   const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool has_avx512bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (want.empty()) return has_avx512 ? cpu::avx512::tile_kernels() : has_avx2 ? cpu::avx2::tile_kernels()
-                                                                              : cpu::scalar::tile_kernels();
+  if (want.empty()) {
+    if (has_avx512bf16) return cpu::avx512bf16::tile_kernels();
+    if (has_avx512) return cpu::avx512::tile_kernels();
+    return has_avx2 ? cpu::avx2::tile_kernels() : cpu::scalar::tile_kernels();
+  }
+  if (want == "avx512bf16" && has_avx512bf16) return cpu::avx512bf16::tile_kernels();
   if (want == "avx512" && has_avx512) return cpu::avx512::tile_kernels();
   if (want == "avx2" && has_avx2) return cpu::avx2::tile_kernels();
 #else
@@ -52,7 +58,7 @@ TileKernels choose_kernels() {
 #endif
   if (want == "scalar") return cpu::scalar::tile_kernels();
   throw std::invalid_argument("RINGATTN_ISA=" + want +
-                              ": not one of avx512, avx2, scalar, or not supported by this CPU");
+                              ": not one of avx512bf16, avx512, avx2, scalar, or not supported by this CPU");
 }
 
 const TileKernels& kernels() {
@@ -171,40 +177,61 @@ void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_st
     for (int i = nq; i < lanes; ++i) dst[d * lanes + i] = 0.0f;
 }
 
-// K and V of one call, as fp32 in head-major order [b][kv head][row][d]. Packing once per call
-// costs O(rows) next to O(rows_q * rows) of arithmetic, and keeps each head's rows contiguous:
-// in the (B, rows, Hkv, D) input, consecutive rows of one head are Hkv*D floats apart, often a
-// whole page, and streaming a block of them thrashes the TLB (measured: 2.5x slower at Hkv = 8).
+// K and V of one call in head-major order [b][kv head][row][d]: fp32 for the fp32 arithmetic,
+// and (bf16 inputs on an ISA with a bf16 dot product) bf16 for the products that take bf16
+// pairs. Packing once per call costs O(rows) next to O(rows_q * rows) of arithmetic, and keeps
+// each head's rows contiguous: in the (B, rows, Hkv, D) input, consecutive rows of one head are
+// Hkv*D elements apart, often a whole page, and streaming a block of them thrashes the TLB
+// (measured: 2.5x slower at Hkv = 8).
 struct PackedKeyValues {
-  std::vector<float> k, v;
+  std::vector<float> k, v;          // fp32, when asked for
+  std::vector<bf16_bits> k16, v16;  // bf16, when asked for
   int64_t rows = 0, head_dim = 0;
-  const float* k_rows(int64_t b, int64_t kvh, int64_t kv_heads) const {
-    return k.data() + ((b * kv_heads + kvh) * rows) * head_dim;
-  }
-  const float* v_rows(int64_t b, int64_t kvh, int64_t kv_heads) const {
-    return v.data() + ((b * kv_heads + kvh) * rows) * head_dim;
-  }
+  int64_t offset(int64_t b, int64_t kvh, int64_t kv_heads) const { return ((b * kv_heads + kvh) * rows) * head_dim; }
 };
 
-PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, int threads) {
+struct PackRequest {
+  bool k32 = false, v32 = false, k16 = false, v16 = false;
+};
+
+PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads) {
   const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, rows = kv.rows;
   PackedKeyValues out;
   out.rows = rows;
   out.head_dim = D;
-  out.k.resize(static_cast<size_t>(B * Hkv * rows * D));
-  out.v.resize(out.k.size());
+  const size_t n = static_cast<size_t>(B * Hkv * rows * D);
+  if (want.k32) out.k.resize(n);
+  if (want.v32) out.v.resize(n);
+  if (want.k16) out.k16.resize(n);
+  if (want.v16) out.v16.resize(n);
+  const auto* k16_in = static_cast<const bf16_bits*>(kv.k);
+  const auto* v16_in = static_cast<const bf16_bits*>(kv.v);
 #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < rows; ++j)
       for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
         const int64_t src = ((b * rows + j) * Hkv + kvh) * D;
         const int64_t dst = ((b * Hkv + kvh) * rows + j) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          out.k[dst + d] = element(kv.k, kv.dtype, src + d);
-          out.v[dst + d] = element(kv.v, kv.dtype, src + d);
-        }
+        if (want.k32)
+          for (int64_t d = 0; d < D; ++d) out.k[dst + d] = element(kv.k, kv.dtype, src + d);
+        if (want.v32)
+          for (int64_t d = 0; d < D; ++d) out.v[dst + d] = element(kv.v, kv.dtype, src + d);
+        if (want.k16) std::copy_n(k16_in + src, D, out.k16.data() + dst);
+        if (want.v16) std::copy_n(v16_in + src, D, out.v16.data() + dst);
       }
   return out;
+}
+
+// dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
+void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst) {
+  const auto* in = static_cast<const bf16_bits*>(src);
+  for (int i = 0; i < nq; ++i) {
+    const bf16_bits* row = in + first + i * row_stride;
+    for (int p = 0; p < head_dim / 2; ++p)
+      dst[p * lanes + i] = uint32_t{row[2 * p]} | (uint32_t{row[2 * p + 1]} << 16);
+  }
+  for (int p = 0; p < head_dim / 2; ++p)
+    for (int i = nq; i < lanes; ++i) dst[p * lanes + i] = 0;
 }
 
 int thread_count(const CpuOptions& options) {
@@ -270,13 +297,16 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
   const std::vector<RowBlock> qtiles = make_row_blocks(q.pos, q.rows, lanes);
   const std::vector<RowBlock> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
   const int threads = thread_count(options);
-  const PackedKeyValues packed = pack_key_values(dims, kv, threads);
+  // bf16 inputs on an ISA with a bf16 dot product: scores from bf16 pairs, the rest in fp32.
+  const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
+  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{!dot16, true, dot16, false}, threads);
   const int64_t items = static_cast<int64_t>(qtiles.size()) * B * H;
   const float qscale = dims.scale * kLog2e;
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> qt(static_cast<size_t>(D) * lanes);
+    std::vector<float> qt(dot16 ? 0 : static_cast<size_t>(D) * lanes);
+    std::vector<uint32_t> qt_pairs(dot16 ? static_cast<size_t>(D / 2) * lanes : 0);
     std::vector<float> scratch(static_cast<size_t>(cpu::forward_scratch_floats(tk, D)));
     std::vector<int64_t> lane_data(3 * static_cast<size_t>(lanes));
     std::vector<int32_t> candidates;
@@ -305,14 +335,22 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       lane_masks(mask, q.pos, tile, lanes, lane_data.data(), lane_data.data() + lanes, lane_data.data() + 2 * lanes);
 
       const int64_t qrow = (b * q.rows + tile.row0) * H + h;  // row index in (B*rows*H) units
-      pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, qt.data());
       const int64_t kvh = h / group;
+      const int64_t kv_offset = packed.offset(b, kvh, Hkv);
       ForwardTileArgs args{};
+      if (dot16) {
+        pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qt_pairs.data());
+        args.qt_pairs = qt_pairs.data();
+        args.k16 = packed.k16.data() + kv_offset;
+        args.score_scale = qscale;
+      } else {
+        pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, qt.data());
+        args.qt = qt.data();
+        args.k = packed.k.data() + kv_offset;
+      }
       args.head_dim = D;
       args.nq = tile.count;
-      args.qt = qt.data();
-      args.k = packed.k_rows(b, kvh, Hkv);
-      args.v = packed.v_rows(b, kvh, Hkv);
+      args.v = packed.v.data() + kv_offset;
       args.kv_stride = D;
       args.blocks = refs.data();
       args.num_blocks = static_cast<int>(refs.size());
@@ -370,9 +408,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const std::vector<RowBlock> qtiles = make_row_blocks(q.pos, q.rows, lanes);
   const std::vector<RowBlock> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
   const int threads = thread_count(options);
-  const PackedKeyValues packed = pack_key_values(dims, kv, threads);
+  // bf16 inputs on an ISA with a bf16 dot product: S = Q K^T and dP = dO V^T from bf16 pairs;
+  // dV, dK and dQ (products with P and dS) in fp32.
+  const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
+  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{true, !dot16, dot16, dot16}, threads);
   // dK/dV accumulate head-major like K/V (contiguous rows per head), added to the output at the end.
-  std::vector<float> dk_packed(packed.k.size(), 0.0f), dv_packed(packed.v.size(), 0.0f);
+  const size_t kv_elems = static_cast<size_t>(B * Hkv * kv.rows * D);
+  std::vector<float> dk_packed(kv_elems, 0.0f), dv_packed(kv_elems, 0.0f);
   const float qscale = dims.scale * kLog2e;
 
   // Query tiles are processed in super-tiles; each thread accumulates the dQ of the blocks it
@@ -384,8 +426,11 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const int64_t super_tiles = std::min(budget_tiles, ntiles);
   const int64_t slots = super_tiles * B * H;  // (tile in super-tile, b, h)
 
-  std::vector<float> qt_all(static_cast<size_t>(slots * slot_floats));
-  std::vector<float> dot_all(static_cast<size_t>(slots * slot_floats));
+  std::vector<float> qt_all(dot16 ? 0 : static_cast<size_t>(slots * slot_floats));
+  std::vector<float> dot_all(dot16 ? 0 : static_cast<size_t>(slots * slot_floats));
+  const int64_t slot_pairs = int64_t(D / 2) * lanes;
+  std::vector<uint32_t> qt_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
+  std::vector<uint32_t> dot_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
   // Q and dO rows of each slot, compact (row stride D) and fp32, for the dK/dV products.
   std::vector<float> natural(static_cast<size_t>(2 * slots * slot_floats));
   std::vector<float> lane_stats(static_cast<size_t>(2 * slots * lanes));  // lse2, delta
@@ -413,8 +458,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         const int64_t tl = s / (B * H), b = (s / H) % B, h = s % H;
         const RowBlock& tile = qtiles[static_cast<size_t>(t0 + tl)];
         const int64_t qrow = (b * q.rows + tile.row0) * H + h;
-        pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, &qt_all[s * slot_floats]);
-        pack_transposed(dout, q.dtype, qrow * D, H * D, tile.count, D, lanes, 1.0f, &dot_all[s * slot_floats]);
+        if (dot16) {
+          pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, &qt_pairs_all[s * slot_pairs]);
+          pack_pairs(dout, qrow * D, H * D, tile.count, D, lanes, &dot_pairs_all[s * slot_pairs]);
+        } else {
+          pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, &qt_all[s * slot_floats]);
+          pack_transposed(dout, q.dtype, qrow * D, H * D, tile.count, D, lanes, 1.0f, &dot_all[s * slot_floats]);
+        }
         float* nq = &natural[2 * s * slot_floats];
         float* ndo = nq + slot_floats;
         for (int i = 0; i < tile.count; ++i)
@@ -469,8 +519,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
             BackwardTileRef ref{};
             ref.nq = tile.count;
             ref.kind = kind;
-            ref.qt = &qt_all[s * slot_floats];
-            ref.dot = &dot_all[s * slot_floats];
+            if (dot16) {
+              ref.qt_pairs = &qt_pairs_all[s * slot_pairs];
+              ref.dot_pairs = &dot_pairs_all[s * slot_pairs];
+            } else {
+              ref.qt = &qt_all[s * slot_floats];
+              ref.dot = &dot_all[s * slot_floats];
+            }
             ref.q = &natural[2 * s * slot_floats];
             ref.dout = ref.q + slot_floats;
             ref.q_stride = ref.dout_stride = D;
@@ -490,7 +545,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         args.scale = dims.scale;
         args.nk = kb.count;
         args.k = packed.k.data() + krow * D;
-        args.v = packed.v.data() + krow * D;
+        if (dot16) {
+          args.k16 = packed.k16.data() + krow * D;
+          args.v16 = packed.v16.data() + krow * D;
+          args.score_scale = qscale;
+        } else {
+          args.v = packed.v.data() + krow * D;
+        }
         args.kv_stride = D;
         args.k_pos = kv.pos + kb.row0;
         args.dk = dk_packed.data() + krow * D;

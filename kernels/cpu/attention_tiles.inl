@@ -75,6 +75,50 @@ inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, fl
   });
 }
 
+// The same from bf16 inputs with the bf16 dot product: Yt as bf16 pairs [D/2][BR], X rows as
+// bf16; each instruction takes two head-dim indices. Scores come out multiplied by `scale`.
+// (I = Isa, as a parameter so that ISAs without the instruction never instantiate the body.)
+template <int RR, class I = Isa>
+inline void rows_times_lanes_bf16(const uint32_t* yt, int D, const bf16_bits* x, int64_t xs, float scale,
+                                  float* st) {
+  if constexpr (I::kHasBf16Dot) {
+    V acc[RR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::zero();
+    const bf16_bits* xr[RR];
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r) xr[r] = x + r * xs;
+    for (int p = 0; p < D / 2; ++p) {
+      typename I::Pairs y[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) y[v] = I::load_pairs(yt + p * BR + v * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < RR; ++r) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, xr[r] + 2 * p, sizeof pair);  // x[2p] low half, x[2p+1] high half
+        const typename I::Pairs b = I::set1_pair(pair);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = I::dot_pairs(acc[r][v], y[v], b);
+      }
+    }
+    const V s = Isa::set1(scale);
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) Isa::store(st + r * BR + v * W, Isa::mul(acc[r][v], s));
+  } else {
+    (void)yt, (void)D, (void)x, (void)xs, (void)scale, (void)st;
+  }
+}
+
+inline void scores_bf16(const uint32_t* yt, int D, const bf16_bits* x, int64_t xs, int n, float scale, float* st) {
+  for_row_groups(n, [&](auto rows, int j) {
+    rows_times_lanes_bf16<decltype(rows)::value>(yt, D, x + j * xs, xs, scale, st + j * BR);
+  });
+}
+
 // Ot[d][:] = alpha * Ot[d][:] + sum_j X[j][d] * PT[j][:] for the RR head-dim rows starting at d0.
 // X is V (forward: O += P V) or K (backward: dQ += dS K).
 template <int RR, bool kRescale>
@@ -207,7 +251,10 @@ void forward_tile(const ForwardTileArgs& a) {
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
     const int nk = blk.count;
-    scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st);
+    if (a.qt_pairs)
+      scores_bf16(a.qt_pairs, D, a.k16 + blk.row0 * a.kv_stride, a.kv_stride, nk, a.score_scale, st);
+    else
+      scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st);
     if (blk.kind == TileKind::partial) {
       apply_element_mask(st, nk, blk.row0, a.nq, a.mask.lo, a.mask.hi, a.mask.brow, a.mask.k_pos,
                          a.mask.block_mask, a.mask.block_count, a.mask.mask_block);
@@ -262,7 +309,10 @@ void backward_block(const BackwardBlockArgs& a) {
   const V scale = Isa::set1(a.scale);
   for (int t = 0; t < a.num_tiles; ++t) {
     const BackwardTileRef& tile = a.tiles[t];
-    scores(tile.qt, D, a.k, a.kv_stride, nk, st);
+    if (tile.qt_pairs)
+      scores_bf16(tile.qt_pairs, D, a.k16, a.kv_stride, nk, a.score_scale, st);
+    else
+      scores(tile.qt, D, a.k, a.kv_stride, nk, st);
     if (tile.kind == TileKind::partial) {
       apply_element_mask(st, nk, 0, tile.nq, tile.lane_lo, tile.lane_hi, tile.lane_brow, a.k_pos, a.block_mask,
                          a.block_count, a.mask_block);
@@ -275,7 +325,10 @@ void backward_block(const BackwardBlockArgs& a) {
     for (int j = 0; j < nk; ++j)
       for (int v = 0; v < NV; ++v)
         Isa::store(st + j * BR + v * W, Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), lse2[v])));
-    scores(tile.dot, D, a.v, a.kv_stride, nk, dpt);
+    if (tile.dot_pairs)
+      scores_bf16(tile.dot_pairs, D, a.v16, a.kv_stride, nk, 1.0f, dpt);
+    else
+      scores(tile.dot, D, a.v, a.kv_stride, nk, dpt);
     accumulate_grad(a.dv, a.dkv_stride, st, nk, tile.dout, tile.dout_stride, tile.nq, D);
     for (int j = 0; j < nk; ++j)
       for (int v = 0; v < NV; ++v) {
@@ -311,5 +364,6 @@ float fma_loop(int64_t iters, float seed) {
 }  // namespace
 
 TileKernels tile_kernels() {
-  return TileKernels{Isa::kName, W, BR, BC, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2};
+  return TileKernels{Isa::kName,  W,         BR, BC, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
+                     Isa::kHasBf16Dot};
 }

@@ -17,7 +17,11 @@
 namespace ringattn::kernels::cpu {
 
 #if defined(RINGATTN_ISA_AVX512)
+#if defined(RINGATTN_BF16_DOT)
+namespace avx512bf16 {
+#else
 namespace avx512 {
+#endif
 struct Isa {
   using V = __m512;
   static constexpr int W = 16;           // fp32 lanes
@@ -25,7 +29,19 @@ struct Isa {
   static constexpr int kKeyBlock = 64;   // keys per block
   static constexpr int kRows = 6;        // broadcast rows per micro-kernel step (6 x 4 accumulators)
   static constexpr int kGradVecs = 4;    // dK/dV micro-kernel: 6 rows x 64 head-dim lanes
+#if defined(RINGATTN_BF16_DOT)
+  static constexpr const char* kName = "avx512bf16";
+  // acc[i] += a[i].lo * b[i].lo + a[i].hi * b[i].hi over lanes holding bf16 pairs: two exact
+  // products of bf16 inputs per instruction, accumulated in fp32 (VDPBF16PS).
+  static constexpr bool kHasBf16Dot = true;
+  using Pairs = __m512i;
+  static Pairs load_pairs(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static Pairs set1_pair(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static V dot_pairs(V acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+#else
   static constexpr const char* kName = "avx512";
+  static constexpr bool kHasBf16Dot = false;
+#endif
 
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -52,7 +68,7 @@ struct Isa {
     return _mm512_scalef_ps(p, n);  // p * 2^n, with correct underflow to subnormals and zero
   }
 };
-}  // namespace avx512
+}  // namespace avx512 / avx512bf16
 #endif
 
 #if defined(RINGATTN_ISA_AVX2)
@@ -65,6 +81,7 @@ struct Isa {
   static constexpr int kRows = 6;        // 6 x 2 accumulators
   static constexpr int kGradVecs = 2;    // dK/dV micro-kernel: 6 rows x 16 head-dim lanes
   static constexpr const char* kName = "avx2";
+  static constexpr bool kHasBf16Dot = false;
 
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -108,6 +125,7 @@ struct Isa {
   static constexpr int kRows = 4;
   static constexpr int kGradVecs = 8;
   static constexpr const char* kName = "scalar";
+  static constexpr bool kHasBf16Dot = false;
 
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }

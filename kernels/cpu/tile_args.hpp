@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/mask.hpp"
+#include "kernels/types.hpp"
 
 namespace ringattn::kernels::cpu {
 
@@ -45,6 +46,12 @@ struct ForwardTileArgs {
   int64_t o_stride;
   float* lse;               // state LSE per lane (natural log), contiguous
   float* scratch;           // forward_scratch_floats(D) floats
+  // bf16 inputs on an ISA with a bf16 dot product (TileKernels::bf16_dot): Q as bf16 pairs
+  // [D/2][Br] (unscaled; lane i holds Q[i][2p] low, Q[i][2p+1] high) and K rows as bf16 at
+  // k16 + j * kv_stride; scores are then multiplied by score_scale. Null: the fp32 path.
+  const uint32_t* qt_pairs = nullptr;
+  const bf16_bits* k16 = nullptr;
+  float score_scale = 1.0f;
 };
 
 // One (query tile, head) visited by a backward key-block item.
@@ -63,6 +70,8 @@ struct BackwardTileRef {
   const int64_t* lane_hi;
   const int64_t* lane_brow;
   float* dqt;               // [D][Br] this thread's dQ accumulator for the tile (transposed)
+  const uint32_t* qt_pairs = nullptr;   // bf16 dot path: Q and dO as bf16 pairs [D/2][Br]
+  const uint32_t* dot_pairs = nullptr;
 };
 
 struct BackwardBlockArgs {
@@ -82,6 +91,9 @@ struct BackwardBlockArgs {
   int64_t block_count;
   int64_t mask_block;
   float* scratch;           // backward_scratch_floats() floats
+  const bf16_bits* k16 = nullptr;  // bf16 dot path: K and V block rows as bf16 (stride kv_stride)
+  const bf16_bits* v16 = nullptr;
+  float score_scale = 1.0f;        // scale * log2(e), applied to bf16-dot scores
 };
 
 // The function table each ISA translation unit provides.
@@ -94,6 +106,7 @@ struct TileKernels {
   void (*backward_block)(const BackwardBlockArgs&);
   float (*fma_loop)(int64_t iters, float seed);  // the benchmark's FMA peak probe
   int fma_flops_per_iter;
+  bool bf16_dot;    // takes bf16 pairs for Q K^T and dO V^T (exact products, fp32 sums)
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {

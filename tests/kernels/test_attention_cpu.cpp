@@ -117,18 +117,22 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
   EXPECT_LE(err, factor * base + atol) << what << ": kernel error " << err << " vs fp32 naive error " << base;
 }
 
-void check_problem(const Problem& p, DType dtype = DType::f32, int threads = 2) {
+// Near-one-hot softmax (|scores| ~ 1e4) amplifies the rounding of each score (1e4 * 2^-24 ~ 1e-3
+// in the exponent) into the gradients, differently for every summation order: allow more there.
+constexpr double kHugeScoreFactor = 16.0;
+
+void check_problem(const Problem& p, DType dtype = DType::f32, int threads = 2, double factor = 4.0) {
   const Outputs got = run_kernel(p, dtype, threads);
   const Outputs naive = run_naive_fp32(p);
   const RefOutputs ref = run_reference(p);
   for (float x : got.lse) ASSERT_FALSE(std::isnan(x));
   for (size_t i = 0; i < got.lse.size(); ++i)
     ASSERT_EQ(std::isinf(got.lse[i]), std::isinf(ref.lse[i])) << "empty-row status differs at lse index " << i;
-  expect_close("o", got.o, naive.o, ref.o);
-  expect_close("lse", got.lse, naive.lse, ref.lse);
-  expect_close("dq", got.dq, naive.dq, ref.dq);
-  expect_close("dk", got.dk, naive.dk, ref.dk);
-  expect_close("dv", got.dv, naive.dv, ref.dv);
+  expect_close("o", got.o, naive.o, ref.o, factor);
+  expect_close("lse", got.lse, naive.lse, ref.lse, factor);
+  expect_close("dq", got.dq, naive.dq, ref.dq, factor);
+  expect_close("dk", got.dk, naive.dk, ref.dk, factor);
+  expect_close("dv", got.dv, naive.dv, ref.dv, factor);
 }
 
 std::vector<uint8_t> random_block_mask(int64_t n, uint64_t seed, double density) {
@@ -144,6 +148,12 @@ Problem basic(int64_t L = 200, int64_t D = 64, int64_t H = 2, int64_t Hkv = 2, i
 }
 
 TEST(AttentionCpu, NoMaskOddLength) { check_problem(basic()); }
+
+TEST(AttentionCpu, ReportsItsInstructionSet) {
+  const std::string isa = kernels::cpu_isa();
+  EXPECT_TRUE(isa == "avx512bf16" || isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
+  if (const char* forced = std::getenv("RINGATTN_ISA"); forced && *forced) EXPECT_EQ(isa, forced);
+}
 
 TEST(AttentionCpu, Causal) {
   Problem p = basic();
@@ -271,7 +281,7 @@ TEST(AttentionCpu, HugeScoresStayFinite) {
   EXPECT_TRUE(all_finite(got.dq));
   EXPECT_TRUE(all_finite(got.dk));
   EXPECT_TRUE(all_finite(got.dv));
-  check_problem(p);
+  check_problem(p, DType::f32, 2, kHugeScoreFactor);
 }
 
 TEST(AttentionCpu, Bf16StorageFp32Accumulation) {
@@ -279,6 +289,34 @@ TEST(AttentionCpu, Bf16StorageFp32Accumulation) {
   p.mask.causal = true;
   p.q = round_to_bf16(p.q), p.k = round_to_bf16(p.k), p.v = round_to_bf16(p.v), p.dout = round_to_bf16(p.dout);
   check_problem(p, DType::bf16);
+}
+
+// bf16 storage through every path: on CPUs with AVX512-BF16 the scores take the bf16 dot product.
+TEST(AttentionCpu, Bf16EveryMaskAndHeadDim) {
+  auto bf16_problem = [](Problem p) {
+    p.q = round_to_bf16(p.q), p.k = round_to_bf16(p.k), p.v = round_to_bf16(p.v), p.dout = round_to_bf16(p.dout);
+    return p;
+  };
+  for (int64_t D : {16, 32, 128, 256}) {
+    Problem p = basic(97, D, 2, 1);
+    p.mask.causal = true;
+    check_problem(bf16_problem(p), DType::bf16);
+  }
+  Problem w = basic(200);
+  w.mask.window_left = 17;
+  w.mask.window_right = 5;
+  w.mask.set_documents({50, 1, 80, 69});
+  check_problem(bf16_problem(w), DType::bf16);
+  Problem bm = basic(300);
+  const int64_t n = (300 + 31) / 32;
+  bm.mask.set_block_mask(bigbird_block_mask(n, 1, 1, 2, 42), n, 32);
+  check_problem(bf16_problem(bm), DType::bf16);
+  Problem striped(2, 2, 2, 64, iota_positions(70, 2, 3), iota_positions(212));
+  striped.mask.causal = true;
+  check_problem(bf16_problem(striped), DType::bf16);
+  Problem huge(1, 2, 2, 64, iota_positions(160), iota_positions(160), 5, 100.0f);
+  huge.mask.causal = true;
+  check_problem(bf16_problem(huge), DType::bf16, 2, kHugeScoreFactor);
 }
 
 TEST(AttentionCpu, ThreadCountsAgree) {
