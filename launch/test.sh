@@ -17,7 +17,7 @@ fi
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -LE slow
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -LE "slow|memory"
 
 # Fuzzing: libFuzzer with clang, bounded time, seeded with tests/fuzz/corpus.
 if [ -d tests/fuzz ]; then
