@@ -92,7 +92,7 @@ po::options_description describe(Options& o) {
       ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)")
       ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
        "end the job (exit 4) when a rank waits longer than this for a peer")
-      ("progress", po::bool_switch(&o.progress), "show steps done and time left on stderr (a terminal)")
+      ("progress", po::bool_switch(&o.progress), "show steps done and time left on stderr (rank 0)")
       ("emulate-bandwidth", po::value(&o.emulate_bandwidth)->default_value(0.0)->value_name("GBPS"),
        "MPI: delay transfers as a link of this bandwidth would (GB/s, 0 = off)")
       ("emulate-latency", po::value(&o.emulate_latency)->default_value(0.0)->value_name("US"),
@@ -264,29 +264,47 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-// Rank 0 shows "step s/n of pass p/q, elapsed, left" on a terminal.
+// Rank 0 reports steps done and time left: on a terminal one line rewritten in place; otherwise
+// (under mpirun a rank's stderr is a pipe to mpirun) a new line every few seconds.
 class ProgressLine {
  public:
-  ProgressLine(bool enabled, int passes) : enabled_(enabled && isatty(STDERR_FILENO)), passes_(passes) {
-    start_ = std::chrono::steady_clock::now();
+  // weights[p]: the expected cost of pass p (a backward pass costs about 2.5 forward passes).
+  ProgressLine(bool enabled, std::vector<double> weights)
+      : enabled_(enabled),
+        tty_(isatty(STDERR_FILENO)),
+        passes_(static_cast<int>(weights.size())),
+        weights_(std::move(weights)),
+        start_(std::chrono::steady_clock::now()) {
+    for (double w : weights_) total_ += w;
   }
   void step(int pass, int done, int steps) {
     if (!enabled_) return;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const double fraction = (pass + double(done) / steps) / passes_;
+    const double elapsed = seconds_since(start_);
+    const bool last = pass + 1 == passes_ && done == steps;
+    if (!last && elapsed - shown_ < (tty_ ? 0.1 : 2.0)) return;
+    shown_ = elapsed;
+    double before = 0.0;
+    for (int p = 0; p < pass; ++p) before += weights_[static_cast<size_t>(p)];
+    const double fraction = (before + weights_[static_cast<size_t>(pass)] * done / steps) / total_;
     const double left = fraction > 0 ? elapsed * (1.0 - fraction) / fraction : 0.0;
-    std::fprintf(stderr, "\r  pass %d/%d  step %d/%d  elapsed %.1f s  left ~%.1f s   ", pass + 1, passes_, done, steps,
-                 elapsed, left);
+    std::fprintf(stderr, "%spass %d/%d  step %d/%d  elapsed %.1f s  left ~%.1f s%s", tty_ ? "\r  " : "  ", pass + 1,
+                 passes_, done, steps, elapsed, left, tty_ ? "   " : "\n");
     std::fflush(stderr);
   }
   ~ProgressLine() {
-    if (enabled_) std::fprintf(stderr, "\n");
+    if (enabled_ && tty_) std::fprintf(stderr, "\n");
   }
 
  private:
-  bool enabled_;
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  bool enabled_, tty_;
   int passes_;
+  std::vector<double> weights_;
+  double total_ = 0.0;
   std::chrono::steady_clock::time_point start_;
+  double shown_ = -1e9;
 };
 
 // Writes this rank's rows of each requested output; the files appear only when every rank wrote.
@@ -396,12 +414,16 @@ int run_attention(LaunchContext& ctx) {
   }
 
   // Timed passes. Per iteration the job's time is the slowest rank's.
-  const int passes = (job.opt.warmup + job.opt.iters) * (job.backward ? 2 : 1);
   std::vector<double> fwd_times, bwd_times;
   double wait_fraction_sum = 0.0, wait_fraction_max = 0.0;
   uint64_t bytes_sent = 0;
   {
-    ProgressLine progress(job.opt.progress && rank == 0, passes);
+    std::vector<double> weights;
+    for (int it = 0; it < job.opt.warmup + job.opt.iters; ++it) {
+      weights.push_back(1.0);
+      if (job.backward) weights.push_back(2.5);
+    }
+    ProgressLine progress(job.opt.progress && rank == 0, weights);
     int pass = 0;
     try {
       for (int it = 0; it < job.opt.warmup + job.opt.iters; ++it) {
