@@ -3,7 +3,6 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -13,8 +12,8 @@
 #include "kernels/attention_cpu.hpp"
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
+#include "launch/layer_outputs.hpp"
 #include "launch/mask_options.hpp"
-#include "launch/npy_outputs.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/lora_demo.hpp"
@@ -50,6 +49,8 @@ struct Options {
   double timeout = 300.0;
 };
 
+// One option per line, as --help lists them.
+// clang-format off
 po::options_description describe(Options& o) {
   po::options_description inputs("Inputs");
   inputs.add_options()
@@ -114,6 +115,7 @@ po::options_description describe(Options& o) {
   all.add(inputs).add(outputs).add(training).add(demo).add(masks).add(run);
   return all;
 }
+// clang-format on
 
 struct LayerJob {
   Options opt;
@@ -148,7 +150,8 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   c.lora_rank = o.lora_rank;
   if (o.demo) {
     for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init"})
-      if (given(vm, name)) throw UsageError(std::string("--") + name + " has no place in --demo (its inputs are random)");
+      if (given(vm, name))
+        throw UsageError(std::string("--") + name + " has no place in --demo (its inputs are random)");
     c.batch = o.batch, c.seq_len = o.seq_len, c.d_model = o.d_model;
     if (c.lora_rank == 0) c.lora_rank = kDemoRank;
     c.lora.fill(true);
@@ -157,13 +160,15 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     if (!(o.demo_change > 0) || !std::isfinite(o.demo_change)) throw UsageError("--demo-change must be positive");
   } else {
     for (const char* name : {"seq-len", "batch", "d-model", "demo-change"})
-      if (given(vm, name)) throw UsageError(std::string("--") + name + " describes the demo; with --x the shapes come from the files");
+      if (given(vm, name))
+        throw UsageError(std::string("--") + name + " describes the demo; with --x the shapes come from the files");
     if (o.x.empty()) throw UsageError("--x is required (or run the --demo)");
     if (o.weights.empty()) throw UsageError("--weights is required with --x");
     job.x_info = inspect_npy(o.x, "--x");
     const std::vector<int64_t>& xs = job.x_info->shape;
     if (xs.size() != 2 && xs.size() != 3)
-      throw UsageError("--x " + o.x + ": expected a (B, L, d_model) or (L, d_model) array, got shape " + shape_text(xs));
+      throw UsageError("--x " + o.x + ": expected a (B, L, d_model) or (L, d_model) array, got shape " +
+                       shape_text(xs));
     c.batch = xs.size() == 3 ? xs[0] : 1;
     c.seq_len = xs[xs.size() - 2];
     c.d_model = xs.back();
@@ -183,7 +188,8 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     if (job.target_info && o.steps == 0) throw UsageError("--target is what training aims at: it needs --steps N");
     if (!o.grads.empty() && !job.dy_info) throw UsageError("--grads needs --dy (the gradient of the output)");
     if (!o.grads.empty() && o.steps > 0)
-      throw UsageError("--grads writes the gradients of one pass; after --steps, write the trained factors with --save-lora");
+      throw UsageError(
+          "--grads writes the gradients of one pass; after --steps, write the trained factors with --save-lora");
     job.backward = job.dy_info && o.steps == 0;
   }
   c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
@@ -198,12 +204,16 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   job.optimizer.lr = job.opt.lr;
   if (o.threads < 0) throw UsageError("--threads must not be negative");
   if (o.timeout <= 0) throw UsageError("--timeout must be positive");
-  if (o.dtype == "fp32") c.dtype = DType::f32;
-  else if (o.dtype == "bf16") c.dtype = DType::bf16;
-  else throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
+  if (o.dtype == "fp32")
+    c.dtype = DType::f32;
+  else if (o.dtype == "bf16")
+    c.dtype = DType::bf16;
+  else
+    throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
   c.schedule = parse_schedule(o.schedule);
   c.threads = o.threads ? o.threads : ctx.default_threads();
-  job.layout = o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous) : parse_layout(o.layout);
+  job.layout =
+      o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous) : parse_layout(o.layout);
   c.validate();
   if (c.seq_len < ctx.world.size())
     throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +
@@ -218,65 +228,6 @@ std::vector<float> read_rows(const NpyInfo& info, const std::vector<int64_t>& po
   for (float v : x)
     if (!std::isfinite(v)) throw UsageError(info.label + " " + info.path + ": contains NaN or Inf");
   return x;
-}
-
-// The files the job writes, with the buffers and positions they point into.
-class OutputSet {
- public:
-  explicit OutputSet(LoraLayer& layer) : layer_(layer) {}
-
-  void add(const std::string& path, const std::string& label, std::vector<int64_t> shape, RowSelection rows,
-           std::vector<float> data) {
-    const float* p = buffers_.emplace_back(std::move(data)).data();
-    files_.push_back({path, label, std::move(shape), rows, p});
-  }
-  // lora_<p>_A.npy and lora_<p>_B.npy from a slice laid out as projection(p).lora().
-  void add_factors(const std::string& dir, const std::string& label, int p, std::span<const float> slice) {
-    const ShardedProjection& proj = layer_.projection(p);
-    const ProjectionShape& s = proj.shape();
-    const std::vector<int64_t>& cols = positions(proj.cols());
-    const int64_t n = static_cast<int64_t>(cols.size());
-    std::vector<float> a(static_cast<size_t>(s.rank * n));  // (r, cols) from A^T (cols, r)
-    for (int64_t i = 0; i < s.rank; ++i)
-      for (int64_t j = 0; j < n; ++j) a[size_t(i * n + j)] = slice[size_t(j * s.rank + i)];
-    add(file(dir, p, ProjectionPart::lora_a), label, {s.rank, s.in}, RowSelection{s.rank, s.in, 1, cols}, std::move(a));
-    const std::span<const float> b = slice.subspan(static_cast<size_t>(n * s.rank));
-    add(file(dir, p, ProjectionPart::lora_b), label, {s.out, s.rank}, RowSelection{1, s.out, s.rank, positions(proj.rows())},
-        std::vector<float>(b.begin(), b.end()));
-  }
-  void add_merged(const std::string& dir, int p, std::vector<float> rows) {
-    const ProjectionShape& s = layer_.projection(p).shape();
-    add(file(dir, p, ProjectionPart::w0), "--merge-out", {s.out, s.in},
-        RowSelection{1, s.out, s.in, positions(layer_.projection(p).rows())}, std::move(rows));
-  }
-  const std::vector<int64_t>& positions(const RowRange& r) {
-    std::vector<int64_t>& pos = positions_.emplace_back();
-    for (int64_t i = r.begin; i < r.end; ++i) pos.push_back(i);
-    return pos;
-  }
-  const std::vector<OutputRows>& files() const { return files_; }
-
- private:
-  static std::string file(const std::string& dir, int p, ProjectionPart part) {
-    return (std::filesystem::path(dir) / weight_file_name(p, part)).string();
-  }
-  LoraLayer& layer_;
-  std::deque<std::vector<float>> buffers_;
-  std::deque<std::vector<int64_t>> positions_;
-  std::vector<OutputRows> files_;
-};
-
-void make_directories(comm::Communicator& comm, const std::vector<std::pair<std::string, const char*>>& dirs) {
-  agreed_phase(comm, [&] {
-    if (comm.rank() != 0) return;
-    for (const auto& [dir, option] : dirs) {
-      if (dir.empty()) continue;
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec || !std::filesystem::is_directory(dir))
-        throw UsageError(std::string(option) + " " + dir + ": cannot create the directory (" + ec.message() + ")");
-    }
-  });
 }
 
 double max_over_ranks(comm::Communicator& comm, double v) {
@@ -363,11 +314,14 @@ int run_layer(LaunchContext& ctx) {
     if (o.steps > 0) {
       std::printf("# training: %d steps, %s lr %g%s, loss %s\n", o.steps, optimizer_name(job.optimizer.kind), o.lr,
                   job.optimizer.kind == OptimizerKind::adamw ? " (betas 0.9,0.999 eps 1e-8 weight_decay 0.01)" : "",
-                  demo ? "MSE against the teacher's output" : job.target_info ? "MSE against --target" : "sum(Y * dY)");
+                  demo              ? "MSE against the teacher's output"
+                  : job.target_info ? "MSE against --target"
+                                    : "sum(Y * dY)");
       if (demo)
-        std::printf("# demo: the student starts at W0 (B = 0) and learns the teacher's hidden rank-%lld change "
-                    "(%g of |W0|) on fresh random sequences\n",
-                    (long long)c.lora_rank, o.demo_change);
+        std::printf(
+            "# demo: the student starts at W0 (B = 0) and learns the teacher's hidden rank-%lld change "
+            "(%g of |W0|) on fresh random sequences\n",
+            (long long)c.lora_rank, o.demo_change);
       std::printf("#  step            loss   seconds\n");
     }
     std::fflush(stdout);
@@ -380,13 +334,13 @@ int run_layer(LaunchContext& ctx) {
     if (demo) {
       DemoOptions d;
       d.steps = o.steps, d.optimizer = job.optimizer, d.seed = o.seed, d.teacher_change = o.demo_change;
-      run_lora_demo(comm, *layer, d, print_step);
+      run_lora_demo(comm, *layer, d, print_step, &fwd, &bwd);
     } else if (o.steps > 0) {
       LoraOptimizer optimizer(*layer, job.optimizer);
       const LossKind kind = job.target_info ? LossKind::mse : LossKind::linear;
       for (int step = 1; step <= o.steps; ++step)
-        print_step(step, train_step(comm, *layer, optimizer, x.data(), kind, kind == LossKind::mse ? target.data() : dy.data(),
-                                    y, &fwd, &bwd));
+        print_step(step, train_step(comm, *layer, optimizer, x.data(), kind,
+                                    kind == LossKind::mse ? target.data() : dy.data(), y, &fwd, &bwd));
     }
     train_seconds = train_clock.seconds();
     if (!demo && (o.steps == 0 || !o.out.empty())) {
@@ -403,8 +357,10 @@ int run_layer(LaunchContext& ctx) {
     fail_now(comm, e);  // a peer may be blocked in a transfer: end every rank now
   }
 
-  OutputSet outputs(*layer);
-  if (!o.out.empty()) outputs.add(o.out, "--out", job.x_info->shape, rows_along(job.x_info->shape, int(job.x_info->shape.size()) - 2, pos), y);
+  LayerOutputs outputs(*layer);
+  if (!o.out.empty())
+    outputs.add(o.out, "--out", job.x_info->shape,
+                rows_along(job.x_info->shape, int(job.x_info->shape.size()) - 2, pos), y);
   if (!o.grads.empty()) {
     outputs.add((std::filesystem::path(o.grads) / "dx.npy").string(), "--grads", job.x_info->shape,
                 rows_along(job.x_info->shape, int(job.x_info->shape.size()) - 2, pos), dx);
@@ -412,13 +368,12 @@ int run_layer(LaunchContext& ctx) {
       if (c.lora[size_t(p)]) outputs.add_factors(o.grads, "--grads", p, layer->lora_grad(p));
   }
   for (int p = 0; p < kProjections; ++p) {
-    if (!o.save_lora.empty() && c.lora[size_t(p)]) outputs.add_factors(o.save_lora, "--save-lora", p, layer->projection(p).lora());
+    if (!o.save_lora.empty() && c.lora[size_t(p)])
+      outputs.add_factors(o.save_lora, "--save-lora", p, layer->projection(p).lora());
     if (!o.merge_out.empty()) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
   }
-  if (!outputs.files().empty()) {
-    make_directories(comm, {{o.grads, "--grads"}, {o.merge_out, "--merge-out"}, {o.save_lora, "--save-lora"}});
-    write_outputs(comm, outputs.files());
-  }
+  if (!outputs.empty())
+    outputs.write(comm, {{o.grads, "--grads"}, {o.merge_out, "--merge-out"}, {o.save_lora, "--save-lora"}});
 
   // Summary: times are the slowest rank's, memory the largest.
   const double fwd_s = max_over_ranks(comm, fwd.seconds), bwd_s = max_over_ranks(comm, bwd.seconds);
@@ -432,6 +387,13 @@ int run_layer(LaunchContext& ctx) {
   double proj_flops = layer->projection_flops_forward();
   comm.allreduce(&proj_flops, 1, comm::DataType::f64, comm::ReduceOp::sum);
   const bool ran_backward = job.backward || o.steps > 0;
+  // The attention's K/V traffic (forward) and the share of the forward spent waiting for data
+  // (K/V or parameters), averaged over ranks.
+  uint64_t kv_sent = fwd.attention.bytes_sent, kv_needed = layer->attention().bytes_needed();
+  comm.allreduce(&kv_sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&kv_needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  double exposed = fwd.seconds > 0 ? (fwd.attention.wait_seconds + fwd.gather_wait_seconds) / fwd.seconds : 0.0;
+  comm.allreduce(&exposed, 1, comm::DataType::f64, comm::ReduceOp::sum);
   if (rank != 0) return kExitOk;
 
   if (!losses.empty())
@@ -471,6 +433,9 @@ int run_layer(LaunchContext& ctx) {
   j["flops_forward"] = flops;
   j["projection_flops_forward"] = proj_flops;
   j["gflops_per_rank"] = fwd_s > 0 ? (flops + proj_flops) / fwd_s / P / 1e9 : 0.0;
+  j["comm_bytes_sent"] = kv_sent;
+  j["comm_bytes_needed"] = kv_needed;
+  j["exposed_comm_fraction"] = exposed / P;
   j["gather_wait_s"] = gather_wait;
   j["parameter_bytes"] = double(layer->full_parameter_bytes());
   j["parameter_bytes_per_rank"] = shard;

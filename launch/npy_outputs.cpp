@@ -10,7 +10,8 @@ void write_outputs(comm::Communicator& comm, const std::vector<OutputRows>& file
   std::vector<std::optional<NpyOutput>> outs(files.size());
   agreed_phase(comm, [&] {
     if (comm.rank() == 0)
-      for (size_t i = 0; i < files.size(); ++i) outs[i] = NpyOutput::create(files[i].path, files[i].label, files[i].shape);
+      for (size_t i = 0; i < files.size(); ++i)
+        outs[i] = NpyOutput::create(files[i].path, files[i].label, files[i].shape);
   });
   for (size_t i = 0; i < files.size(); ++i) {
     std::string temp = comm.rank() == 0 ? outs[i]->temp_path() : std::string();

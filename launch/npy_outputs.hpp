@@ -13,9 +13,9 @@ namespace ringattn {
 
 struct OutputRows {
   std::string path;
-  std::string label;           // names the output in messages
-  std::vector<int64_t> shape;  // of the whole file
-  RowSelection rows;           // this rank's part (its positions must outlive write_outputs)
+  std::string label;            // names the output in messages
+  std::vector<int64_t> shape;   // of the whole file
+  RowSelection rows;            // this rank's part (its positions must outlive write_outputs)
   const float* data = nullptr;  // laid out as `rows` says
 };
 

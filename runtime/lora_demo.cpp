@@ -15,7 +15,8 @@ enum : uint64_t { kStreamW0 = 16, kStreamTeacherA = 20, kStreamTeacherB = 24 };
 }  // namespace
 
 std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, const DemoOptions& options,
-                                  const std::function<void(int, double)>& on_step) {
+                                  const std::function<void(int, double)>& on_step, LayerPassStats* forward_stats,
+                                  LayerPassStats* backward_stats) {
   const LayerConfig& config = student.config();
   for (bool on : config.lora)
     if (!on) throw std::invalid_argument("run_lora_demo: the student needs LoRA factors on every projection");
@@ -40,10 +41,11 @@ std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, 
   std::vector<double> losses;
   for (int step = 1; step <= options.steps; ++step) {
     // A fresh sequence per step, the same on any number of ranks.
-    random_rows(x.data(), options.seed + uint64_t(step), RandomTensor::x, config.batch, config.seq_len,
-                config.d_model, pos.data(), student.rows());
+    random_rows(x.data(), options.seed + uint64_t(step), RandomTensor::x, config.batch, config.seq_len, config.d_model,
+                pos.data(), student.rows());
     teacher.forward(x.data(), target.data());
-    const double loss = train_step(comm, student, optimizer, x.data(), LossKind::mse, target.data(), y);
+    const double loss =
+        train_step(comm, student, optimizer, x.data(), LossKind::mse, target.data(), y, forward_stats, backward_stats);
     losses.push_back(loss);
     if (on_step) on_step(step, loss);
   }

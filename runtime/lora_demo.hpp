@@ -32,7 +32,9 @@ struct DemoOptions {
 // Initialises `student` (which must carry LoRA factors on every projection) as described above,
 // builds the teacher beside it, and trains the student for options.steps steps. Returns the loss
 // of every step (before its update); on_step(step, loss) is called after each, on every rank.
+// The stats, when given, receive those of the student's passes in the last step.
 std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, const DemoOptions& options,
-                                  const std::function<void(int, double)>& on_step = {});
+                                  const std::function<void(int, double)>& on_step = {},
+                                  LayerPassStats* forward_stats = nullptr, LayerPassStats* backward_stats = nullptr);
 
 }  // namespace ringattn

@@ -224,7 +224,8 @@ std::vector<float> LoraLayer::merged_rows(int p) {
 
 size_t LoraLayer::gathered_bytes() const {
   size_t n = 0;
-  for (const GatheredProjection& g : gathered_) n += sizeof(float) * (g.w0.capacity() + g.a_t.capacity() + g.b.capacity());
+  for (const GatheredProjection& g : gathered_)
+    n += sizeof(float) * (g.w0.capacity() + g.a_t.capacity() + g.b.capacity());
   return n;
 }
 

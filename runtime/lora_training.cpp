@@ -79,8 +79,8 @@ double linear_loss(comm::Communicator& comm, const float* y, const float* g, siz
   return sum;
 }
 
-double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, const float* x,
-                  LossKind loss, const float* reference, std::vector<float>& y, LayerPassStats* forward_stats,
+double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, const float* x, LossKind loss,
+                  const float* reference, std::vector<float>& y, LayerPassStats* forward_stats,
                   LayerPassStats* backward_stats) {
   const size_t n = layer.activation_elements();
   y.resize(n);

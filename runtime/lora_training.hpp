@@ -56,8 +56,8 @@ enum class LossKind { mse, linear };
 // One training step: forward, the loss against `reference` (the target for mse, g for linear),
 // backward without dX, optimizer update. Returns the loss before the update; y receives the
 // layer's output before the update.
-double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, const float* x,
-                  LossKind loss, const float* reference, std::vector<float>& y, LayerPassStats* forward_stats = nullptr,
+double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, const float* x, LossKind loss,
+                  const float* reference, std::vector<float>& y, LayerPassStats* forward_stats = nullptr,
                   LayerPassStats* backward_stats = nullptr);
 
 }  // namespace ringattn

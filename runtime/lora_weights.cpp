@@ -104,7 +104,8 @@ void load_weights(const WeightFiles& files, LoraLayer& layer) {
     std::vector<float> buf(static_cast<size_t>(n_rows * s.in));
     read_npy_rows(files.w0[i], RowSelection{1, s.out, s.in, rows}, buf.data());
     require_finite(buf, files.w0[i]);
-    proj.fill(ProjectionPart::w0, [&](int64_t r, int64_t c) { return buf[static_cast<size_t>((r - rows[0]) * s.in + c)]; });
+    proj.fill(ProjectionPart::w0,
+              [&](int64_t r, int64_t c) { return buf[static_cast<size_t>((r - rows[0]) * s.in + c)]; });
     if (!s.has_lora() || !files.a[i]) continue;  // (factors not in the files are the caller's to set)
     buf.assign(static_cast<size_t>(s.rank * n_cols), 0.0f);
     read_npy_rows(*files.a[i], RowSelection{s.rank, s.in, 1, cols}, buf.data());

@@ -15,6 +15,7 @@
 
 #include "../runtime/lora_reference.hpp"
 #include "../test_util.hpp"
+#include "runtime/lora_projection.hpp"
 #include "runtime/lora_weights.hpp"
 #include "runtime/npy.hpp"
 
@@ -126,9 +127,10 @@ class LayerCli : public ::testing::Test {
 };
 
 TEST_F(LayerCli, ForwardBackwardAndMergedWeightsMatchFp64) {
-  const CommandResult run = run_layer(2, files() + " --dy " + (dir / "dy.npy").string() + " --out " + (dir / "y.npy").string() +
-                                   " --grads " + (dir / "grads").string() + " --merge-out " + (dir / "merged").string() +
-                                   " --json " + (dir / "summary.json").string());
+  const CommandResult run =
+      run_layer(2, files() + " --dy " + (dir / "dy.npy").string() + " --out " + (dir / "y.npy").string() + " --grads " +
+                       (dir / "grads").string() + " --merge-out " + (dir / "merged").string() + " --json " +
+                       (dir / "summary.json").string());
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("on q,k,v"), std::string::npos) << run.output;
   const std::vector<double> y = reference_layer_forward(ref, x);
@@ -142,25 +144,48 @@ TEST_F(LayerCli, ForwardBackwardAndMergedWeightsMatchFp64) {
   }
   EXPECT_FALSE(fs::exists(dir / "grads" / "lora_o_A.npy"));  // o has no LoRA
   for (int p = 0; p < 4; ++p)
-    expect_close(dir / "merged" / weight_file_name(p, ProjectionPart::w0), {ref.proj[size_t(p)].out, ref.proj[size_t(p)].in},
-                 ref.effective(p), 1e-6);
+    expect_close(dir / "merged" / weight_file_name(p, ProjectionPart::w0),
+                 {ref.proj[size_t(p)].out, ref.proj[size_t(p)].in}, ref.effective(p), 1e-6);
   EXPECT_TRUE(fs::exists(dir / "summary.json"));
 
   // The merged weights alone (no LoRA files) give the same output.
-  const CommandResult merged = run_layer(2, "--x " + (dir / "x.npy").string() + " --weights " + (dir / "merged").string() +
-                                      " --heads 4 --kv-heads 2 --causal --out " + (dir / "y_merged.npy").string());
+  const CommandResult merged =
+      run_layer(2, "--x " + (dir / "x.npy").string() + " --weights " + (dir / "merged").string() +
+                       " --heads 4 --kv-heads 2 --causal --out " + (dir / "y_merged.npy").string());
   ASSERT_EQ(merged.code, 0) << merged.output;
   EXPECT_NE(merged.output.find("on none"), std::string::npos) << merged.output;
   expect_close(dir / "y_merged.npy", {B, L, d}, read(dir / "y.npy", {B, L, d}), 1e-5);
+
+  // X of shape (L, d_model) is batch 1.
+  const std::vector<double> x0(x.begin(), x.begin() + L * d);
+  write(dir / "x0.npy", {L, d}, x0);
+  const CommandResult single =
+      run_layer(2, "--x " + (dir / "x0.npy").string() + " --weights " + (dir / "weights").string() +
+                       " --heads 4 --kv-heads 2 --lora-alpha 8 --causal --out " + (dir / "y0.npy").string());
+  ASSERT_EQ(single.code, 0) << single.output;
+  RefLayer one = ref;
+  one.batch = 1;
+  expect_close(dir / "y0.npy", {L, d}, reference_layer_forward(one, x0));
 }
 
+// One SGD step from files; o has no LoRA files, so --lora-init gives it fresh factors (B = 0).
 TEST_F(LayerCli, SgdStepFromFilesMatchesFp64) {
   const std::vector<double> target = to_double(random_vector(x.size(), 62, 0.5f));
   write(dir / "target.npy", {B, L, d}, target);
   const double lr = 0.5;
-  const CommandResult run = run_layer(2, files() + " --target " + (dir / "target.npy").string() +
-                                   " --steps 1 --optimizer sgd --lr 0.5 --save-lora " + (dir / "trained").string());
+  const CommandResult run =
+      run_layer(2, files() + " --target " + (dir / "target.npy").string() +
+                       " --steps 1 --optimizer sgd --lr 0.5 --lora-init --lora-rank 4 --seed 3 --save-lora " +
+                       (dir / "trained").string());
   ASSERT_EQ(run.code, 0) << run.output;
+  RefProjection& o = ref.proj[3];  // the factors --lora-init draws, the same on any number of ranks
+  ShardedProjection fresh(ProjectionShape{o.out, o.in, r}, 1, 0);
+  init_lora_factors(fresh, 3, lora_init_stream(3));
+  o.rank = r;
+  o.a.assign(size_t(r * o.in), 0.0);
+  o.b.assign(size_t(o.out * r), 0.0);
+  fresh.for_each_owned(ProjectionPart::lora_a,
+                       [&](int64_t i, int64_t j, size_t k) { o.a[size_t(i * o.in + j)] = fresh.lora()[k]; });
   const std::vector<double> y = reference_layer_forward(ref, x);
   std::vector<double> dy_mse(y.size());
   double loss = 0;
@@ -173,7 +198,7 @@ TEST_F(LayerCli, SgdStepFromFilesMatchesFp64) {
   EXPECT_NEAR(losses[0], loss, 1e-5 * loss);
   RefLayer trained = ref;
   reference_step(trained, reference_layer_backward(ref, x, dy_mse), RefOptimizer::sgd, lr);
-  for (int p = 0; p < 3; ++p) {
+  for (int p = 0; p < 4; ++p) {
     const RefProjection& pr = trained.proj[size_t(p)];
     expect_close(dir / "trained" / weight_file_name(p, ProjectionPart::lora_a), {r, pr.in}, pr.a, 1e-6);
     expect_close(dir / "trained" / weight_file_name(p, ProjectionPart::lora_b), {pr.out, r}, pr.b, 1e-6);
@@ -193,7 +218,8 @@ TEST_F(LayerCli, BadInputExitsWithCode2AndNamesTheProblem) {
     fs::copy(dir / "weights" / f, dir / "unpaired" / f);
   const std::string x_arg = "--x " + (dir / "x.npy").string();
   const std::vector<Case> cases = {
-      {x_arg + " --weights " + (dir / "bad").string() + " --heads 4 --kv-heads 2", "wk.npy: shape (10, 64), expected (32, 64)"},
+      {x_arg + " --weights " + (dir / "bad").string() + " --heads 4 --kv-heads 2",
+       "wk.npy: shape (10, 64), expected (32, 64)"},
       {x_arg + " --weights " + (dir / "weights").string() + " --heads 5", "--heads 5: d_model 64 is not divisible"},
       {x_arg + " --weights " + (dir / "weights").string() + " --heads 4 --kv-heads 3", "--kv-heads 3: must divide"},
       {x_arg + " --weights " + (dir / "weights").string() + " --heads 4 --kv-heads 2 --lora-rank 8",
@@ -201,7 +227,8 @@ TEST_F(LayerCli, BadInputExitsWithCode2AndNamesTheProblem) {
       {x_arg + " --weights " + (dir / "unpaired").string() + " --heads 4 --kv-heads 2", "lora_q_B.npy is missing"},
       {"--weights " + (dir / "weights").string(), "--x is required"},
       {files() + " --steps 2", "--steps needs a loss"},
-      {files() + " --dy " + (dir / "bad_wk.npy").string(), "--dy " + (dir / "bad_wk.npy").string() + ": shape (10, 64)"},
+      {files() + " --dy " + (dir / "bad_wk.npy").string(),
+       "--dy " + (dir / "bad_wk.npy").string() + ": shape (10, 64)"},
   };
   for (const Case& c : cases) {
     const CommandResult run = run_layer(2, c.args);

@@ -29,8 +29,8 @@ struct RefLayer {
 };
 
 struct RefGrads {
-  std::vector<double> dx;                      // (B, L, d_model)
-  std::array<std::vector<double>, 4> da, db;   // like A and B, summed over batch and sequence
+  std::vector<double> dx;                     // (B, L, d_model)
+  std::array<std::vector<double>, 4> da, db;  // like A and B, summed over batch and sequence
 };
 
 // y (B, L, d_model) of x (B, L, d_model).

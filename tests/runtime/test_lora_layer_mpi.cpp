@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "lora_reference.hpp"
 #include "runtime/lora_demo.hpp"
 #include "runtime/lora_layer.hpp"
 #include "runtime/lora_training.hpp"
-#include "../test_util.hpp"
 
 namespace ringattn::testing {
 namespace {
@@ -27,7 +27,10 @@ Mask make_mask(int variant, int64_t L) {
   switch (variant) {
     case 0: break;
     case 1: m.causal = true; break;
-    case 2: m.causal = true; m.window_left = 9; break;
+    case 2:
+      m.causal = true;
+      m.window_left = 9;
+      break;
     case 3: m.set_documents({L / 3, 0, L - L / 3 - 5, 5}); break;
     case 4: m.set_block_mask(bigbird_block_mask(n, 1, 1, 1, 3), n, 16); break;
     case 5: {  // causal + a block mask whose second block row is empty: rows that see no key
@@ -99,7 +102,8 @@ void load(LoraLayer& layer, const RefLayer& ref) {
 
 // This rank's rows of a (B, L, width) tensor.
 template <class T>
-std::vector<T> rows_of(const std::vector<T>& full, int64_t B, int64_t L, int64_t width, const std::vector<int64_t>& pos) {
+std::vector<T> rows_of(const std::vector<T>& full, int64_t B, int64_t L, int64_t width,
+                       const std::vector<int64_t>& pos) {
   std::vector<T> out;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t : pos)
@@ -131,7 +135,6 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   ASSERT_EQ(got.size(), want.size()) << what;
   const double err = max_abs_diff(got, want);
   EXPECT_LE(err, tol * std::max(scale, 1.0)) << what << ": max error " << err << ", scale " << scale;
-  if (getenv("SHOWERR")) printf("%s err %.3g scale %.3g rel %.3g\n", what.c_str(), err, scale, err / scale);
 }
 
 class LoraLayerMpi : public ::testing::Test {
@@ -239,11 +242,13 @@ void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr
     rdy[i] = 2.0 * e / double(ry.size());
   }
   EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
-  reference_step(ref, reference_layer_backward(ref, to_double(x), rdy), kind == OptimizerKind::sgd ? RefOptimizer::sgd : RefOptimizer::adamw, lr);
+  reference_step(ref, reference_layer_backward(ref, to_double(x), rdy),
+                 kind == OptimizerKind::sgd ? RefOptimizer::sgd : RefOptimizer::adamw, lr);
   for (int p = 0; p < kProjections; ++p)
     for (ProjectionPart part : {ProjectionPart::lora_a, ProjectionPart::lora_b}) {
       const std::vector<double>& now = part == ProjectionPart::lora_a ? ref.proj[size_t(p)].a : ref.proj[size_t(p)].b;
-      const std::vector<double>& then = part == ProjectionPart::lora_a ? before.proj[size_t(p)].a : before.proj[size_t(p)].b;
+      const std::vector<double>& then =
+          part == ProjectionPart::lora_a ? before.proj[size_t(p)].a : before.proj[size_t(p)].b;
       std::vector<double> update(now.size());
       for (size_t i = 0; i < now.size(); ++i) update[i] = now[i] - then[i];
       std::vector<double> got, start, want;
@@ -252,8 +257,8 @@ void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr
       for (size_t i = 0; i < got.size(); ++i) got_update[i] = got[i] - start[i];
       owned_pairs(layer.projection(p), part, layer.projection(p).lora(), update, got, want);
       // (fp32 parameters: an update is exact up to the rounding of the parameter itself)
-      expect_close(got_update, want, max_abs(update), 1e-4, std::string(projection_name(p)) +
-                   (part == ProjectionPart::lora_a ? " A update" : " B update"));
+      expect_close(got_update, want, max_abs(update), 1e-4,
+                   std::string(projection_name(p)) + (part == ProjectionPart::lora_a ? " A update" : " B update"));
     }
 }
 
@@ -289,8 +294,10 @@ TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
       for (ProjectionPart part : {ProjectionPart::lora_a, ProjectionPart::lora_b}) {
         const ShardedProjection& whole = single->projection(p);
         const int64_t cols = part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().rank;
-        std::vector<double> full(size_t(whole.shape().rank * (part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().out)));
-        whole.for_each_owned(part, [&](int64_t i, int64_t j, size_t k) { full[size_t(i * cols + j)] = whole.lora()[k]; });
+        std::vector<double> full(
+            size_t(whole.shape().rank * (part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().out)));
+        whole.for_each_owned(part,
+                             [&](int64_t i, int64_t j, size_t k) { full[size_t(i * cols + j)] = whole.lora()[k]; });
         std::vector<double> got, want;
         owned_pairs(sharded->projection(p), part, sharded->projection(p).lora(), full, got, want);
         expect_close(got, want, max_abs(full), 1e-5, std::string(projection_name(p)) + " after 4 steps");
@@ -354,7 +361,7 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   layer.backward(x.data(), y.data(), dx.data());
   EXPECT_GE(layer.peak_gathered_bytes(), largest);      // one projection in use ...
   EXPECT_LE(layer.peak_gathered_bytes(), 2 * largest);  // ... and at most the next one arriving
-  EXPECT_EQ(layer.gathered_bytes(), 0u);                 // released after the pass
+  EXPECT_EQ(layer.gathered_bytes(), 0u);                // released after the pass
 }
 
 // The demo's loss curve is the same for any number of ranks, and falls.
