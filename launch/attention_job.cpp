@@ -185,9 +185,7 @@ Job resolve(const Options& o, const po::variables_map& vm, const LaunchContext& 
   if (o.emulate_bandwidth < 0 || o.emulate_latency < 0)
     throw UsageError("--emulate-bandwidth and --emulate-latency must not be negative");
   if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
-  if (o.dtype == "fp32") job.dtype = DType::f32;
-  else if (o.dtype == "bf16") job.dtype = DType::bf16;
-  else throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
+  job.dtype = parse_dtype_option(o.dtype);
   if (!o.backend.empty() && o.backend != "cpu") {
     if (o.backend == "cuda") throw UsageError("--backend cuda: this build has no usable GPU backend");
     throw UsageError("--backend " + o.backend + ": expected cpu or cuda");
@@ -196,8 +194,7 @@ Job resolve(const Options& o, const po::variables_map& vm, const LaunchContext& 
     if (o.comm == "nccl") throw UsageError("--comm nccl needs --backend cuda");
     throw UsageError("--comm " + o.comm + ": expected mpi or nccl");
   }
-  job.layout = o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous)
-                                : parse_layout(o.layout);
+  job.layout = layout_option(o.layout, o.mask.causal);
   job.schedule = parse_schedule(o.schedule);
   job.threads = o.threads ? o.threads : ctx.default_threads();
   job.seq_len = L;

@@ -204,16 +204,10 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   job.optimizer.lr = job.opt.lr;
   if (o.threads < 0) throw UsageError("--threads must not be negative");
   if (o.timeout <= 0) throw UsageError("--timeout must be positive");
-  if (o.dtype == "fp32")
-    c.dtype = DType::f32;
-  else if (o.dtype == "bf16")
-    c.dtype = DType::bf16;
-  else
-    throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
+  c.dtype = parse_dtype_option(o.dtype);
   c.schedule = parse_schedule(o.schedule);
   c.threads = o.threads ? o.threads : ctx.default_threads();
-  job.layout =
-      o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous) : parse_layout(o.layout);
+  job.layout = layout_option(o.layout, o.mask.causal);
   c.validate();
   if (c.seq_len < ctx.world.size())
     throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +

@@ -7,40 +7,30 @@ namespace ringattn::testing {
 
 namespace {
 
-// c (n, m) = a (n, k) b^T, b (m, k).
-std::vector<double> times_transposed(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k,
-                                     int64_t m) {
-  std::vector<double> c(size_t(n * m), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) {
-      double s = 0;
-      for (int64_t t = 0; t < k; ++t) s += a[size_t(i * k + t)] * b[size_t(j * k + t)];
-      c[size_t(i * m + j)] = s;
-    }
-  return c;
-}
-
-// c (n, m) = a (n, k) b, b (k, m).
-std::vector<double> times(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k, int64_t m) {
+// c (n, m) = op(a) op(b) with op(a) (n, k) and op(b) (k, m); a transposed operand is stored
+// as its transpose: a (k, n), b (m, k).
+std::vector<double> matmul(const std::vector<double>& a, bool ta, const std::vector<double>& b, bool tb, int64_t n,
+                           int64_t k, int64_t m) {
   std::vector<double> c(size_t(n * m), 0.0);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t t = 0; t < k; ++t) {
-      const double x = a[size_t(i * k + t)];
-      for (int64_t j = 0; j < m; ++j) c[size_t(i * m + j)] += x * b[size_t(t * m + j)];
+      const double x = ta ? a[size_t(t * n + i)] : a[size_t(i * k + t)];
+      for (int64_t j = 0; j < m; ++j) c[size_t(i * m + j)] += x * (tb ? b[size_t(j * k + t)] : b[size_t(t * m + j)]);
     }
   return c;
 }
-
+// The three products the layer needs: a b^T (y = x W^T), a b, and a^T b (weight gradients).
+std::vector<double> times_transposed(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k,
+                                     int64_t m) {
+  return matmul(a, false, b, true, n, k, m);
+}
+std::vector<double> times(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k, int64_t m) {
+  return matmul(a, false, b, false, n, k, m);
+}
 // c (k, m) = a^T b for a (n, k), b (n, m).
 std::vector<double> transposed_times(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k,
                                      int64_t m) {
-  std::vector<double> c(size_t(k * m), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t t = 0; t < k; ++t) {
-      const double x = a[size_t(i * k + t)];
-      for (int64_t j = 0; j < m; ++j) c[size_t(t * m + j)] += x * b[size_t(i * m + j)];
-    }
-  return c;
+  return matmul(a, true, b, false, k, n, m);
 }
 
 struct Activations {
