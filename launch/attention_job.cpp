@@ -14,6 +14,7 @@
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
+#include "launch/npy_outputs.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
@@ -184,9 +185,7 @@ Job resolve(const Options& o, const po::variables_map& vm, const LaunchContext& 
   if (o.emulate_bandwidth < 0 || o.emulate_latency < 0)
     throw UsageError("--emulate-bandwidth and --emulate-latency must not be negative");
   if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
-  if (o.dtype == "fp32") job.dtype = DType::f32;
-  else if (o.dtype == "bf16") job.dtype = DType::bf16;
-  else throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
+  job.dtype = parse_dtype_option(o.dtype);
   if (!o.backend.empty() && o.backend != "cpu") {
     if (o.backend == "cuda") throw UsageError("--backend cuda: this build has no usable GPU backend");
     throw UsageError("--backend " + o.backend + ": expected cpu or cuda");
@@ -195,8 +194,7 @@ Job resolve(const Options& o, const po::variables_map& vm, const LaunchContext& 
     if (o.comm == "nccl") throw UsageError("--comm nccl needs --backend cuda");
     throw UsageError("--comm " + o.comm + ": expected mpi or nccl");
   }
-  job.layout = o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous)
-                                : parse_layout(o.layout);
+  job.layout = layout_option(o.layout, o.mask.causal);
   job.schedule = parse_schedule(o.schedule);
   job.threads = o.threads ? o.threads : ctx.default_threads();
   job.seq_len = L;
@@ -255,15 +253,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-  return buf;
-}
-
 // Rank 0 reports steps done and time left: on a terminal one line rewritten in place; otherwise
 // (under mpirun a rank's stderr is a pipe to mpirun) a new line every few seconds.
 class ProgressLine {
@@ -306,36 +295,6 @@ class ProgressLine {
   std::chrono::steady_clock::time_point start_;
   double shown_ = -1e9;
 };
-
-// Writes this rank's rows of each requested output; the files appear only when every rank wrote.
-void write_outputs(comm::Communicator& comm, const Job& job, const std::vector<int64_t>& pos,
-                   const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, const float*>>>& files,
-                   const std::vector<std::pair<int64_t, int64_t>>& outer_inner) {
-  std::vector<std::optional<NpyOutput>> outs(files.size());
-  agreed_phase(comm, [&] {
-    if (comm.rank() == 0)
-      for (size_t i = 0; i < files.size(); ++i) outs[i] = NpyOutput::create(files[i].first, "output", files[i].second.first);
-  });
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::string temp = comm.rank() == 0 ? outs[i]->temp_path() : std::string();
-    uint64_t n = temp.size();
-    comm.broadcast(&n, sizeof n, 0);
-    temp.resize(n);
-    comm.broadcast(temp.data(), n, 0);
-    if (comm.rank() != 0) outs[i].emplace(NpyOutput::open(files[i].first, temp, "output", files[i].second.first));
-  }
-  agreed_phase(comm, [&] {
-    for (size_t i = 0; i < files.size(); ++i) {
-      RowSelection rows{outer_inner[i].first, job.seq_len, outer_inner[i].second, pos};
-      outs[i]->write_rows(rows, files[i].second.second);
-      outs[i]->finish();
-    }
-  });
-  agreed_phase(comm, [&] {
-    if (comm.rank() == 0)
-      for (auto& out : outs) out->commit();
-  });
-}
 
 }  // namespace
 
@@ -487,15 +446,13 @@ int run_attention(LaunchContext& ctx) {
   const double gflops_rank = flops / fwd_s / P / 1e9;
 
   if (!check_failed) {
-    std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, const float*>>> files;
-    std::vector<std::pair<int64_t, int64_t>> outer_inner;
+    std::vector<OutputRows> files;
     const std::vector<int64_t> qshape = job.q_info ? job.q_info->shape : std::vector<int64_t>{B, job.seq_len, H, D};
     const std::vector<int64_t> kshape = job.k_info ? job.k_info->shape : std::vector<int64_t>{B, job.seq_len, Hkv, D};
     auto add = [&](const std::string& path, std::vector<int64_t> shape, const float* data, int64_t outer,
                    int64_t inner) {
       if (path.empty()) return;
-      files.push_back({path, {std::move(shape), data}});
-      outer_inner.push_back({outer, inner});
+      files.push_back({path, "output", std::move(shape), RowSelection{outer, job.seq_len, inner, pos}, data});
     };
     add(job.opt.out, qshape, o.data(), B, H * D);
     add(job.opt.lse, {B, H, job.seq_len}, lse.data(), B * H, 1);
@@ -504,7 +461,7 @@ int run_attention(LaunchContext& ctx) {
       add(job.opt.dk, kshape, dk.data(), B, Hkv * D);
       add(job.opt.dv, kshape, dv.data(), B, Hkv * D);
     }
-    if (!files.empty()) write_outputs(comm, job, pos, files, outer_inner);
+    if (!files.empty()) write_outputs(comm, files);
   }
 
   if (rank == 0) {

@@ -76,7 +76,8 @@ std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vect
   }
   std::string d_list;
   for (int64_t d : dims) d_list += (d_list.empty() ? "" : ",") + std::to_string(d);
-  const std::string cmd = "python3 " + script + " --seq-len " + std::to_string(L) + " --heads " + std::to_string(H) +
+  const char* python = std::getenv("RINGATTN_PYTHON");  // a Python with torch, e.g. a venv's
+  const std::string cmd = std::string(python && *python ? python : "python3") + " " + script + " --seq-len " + std::to_string(L) + " --heads " + std::to_string(H) +
                           " --head-dims " + d_list + " --threads " + std::to_string(threads) + " --iters " +
                           std::to_string(iters) + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
@@ -94,8 +95,9 @@ std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vect
     const std::string pass = field("pass").rfind("\"forward", 0) == 0 ? "forward" : "backward";
     out[std::to_string(d) + (causal ? "/causal/" : "/none/") + pass] = std::strtod(field("gflops").c_str(), nullptr);
   }
-  version_note = pclose(p) == 0 && !out.empty() ? "PyTorch CPU scaled_dot_product_attention, same shapes and threads"
-                                                 : "PyTorch not available (pip install torch to compare)";
+  version_note = pclose(p) == 0 && !out.empty()
+                     ? "PyTorch CPU scaled_dot_product_attention, same shapes and threads, fp32"
+                     : "PyTorch not available (install torch, or point RINGATTN_PYTHON at a Python that has it)";
   return out;
 }
 

@@ -23,6 +23,17 @@ po::variables_map parse_options(const po::options_description& desc, const std::
   return vm;
 }
 
+DType parse_dtype_option(const std::string& name) {
+  if (name == "fp32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  throw UsageError("--dtype " + name + ": expected fp32 or bf16");
+}
+
+LayoutKind layout_option(const std::string& name, bool causal) {
+  if (name.empty()) return causal ? LayoutKind::zigzag : LayoutKind::contiguous;
+  return parse_layout(name);
+}
+
 namespace {
 std::string any_to_string(const boost::any& a) {
   if (const auto* s = boost::any_cast<std::string>(&a)) return *s;

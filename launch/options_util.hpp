@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "kernels/types.hpp"
+#include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
@@ -21,6 +23,12 @@ std::string canonical_options(const boost::program_options::variables_map& vm);
 // Rank 0's canonical options are sent to every rank; a rank whose options differ throws
 // UsageError naming the first differing option (call inside an agreed phase).
 void agree_on_options(comm::Communicator& comm, const std::string& canonical);
+
+// --dtype fp32|bf16; throws UsageError naming --dtype.
+DType parse_dtype_option(const std::string& name);
+
+// --layout, or its default when empty: zigzag when causal (balances causal work), else contiguous.
+LayoutKind layout_option(const std::string& name, bool causal);
 
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {

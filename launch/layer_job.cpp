@@ -1,0 +1,455 @@
+#include "launch/layer_job.hpp"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "comm/stopwatch.hpp"
+#include "kernels/attention_cpu.hpp"
+#include "launch/job_control.hpp"
+#include "launch/json.hpp"
+#include "launch/layer_outputs.hpp"
+#include "launch/mask_options.hpp"
+#include "launch/options_util.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/lora_demo.hpp"
+#include "runtime/lora_layer.hpp"
+#include "runtime/lora_training.hpp"
+#include "runtime/lora_weights.hpp"
+#include "runtime/npy.hpp"
+
+namespace po = boost::program_options;
+
+namespace ringattn {
+namespace {
+
+constexpr int kDemoSteps = 60;
+constexpr double kDemoLr = 2e-2;
+constexpr int64_t kDemoRank = 4;
+
+struct Options {
+  std::string x, weights, out, dy, grads, merge_out, save_lora, target, json;
+  int64_t heads = 4, kv_heads = 0, lora_rank = 0;
+  double lora_alpha = 0.0;
+  bool lora_init = false;
+  uint64_t seed = 0;
+  int steps = 0;
+  double lr = 1e-3;
+  std::string optimizer = "adamw";
+  bool demo = false;
+  int64_t seq_len = 1024, batch = 1, d_model = 128;
+  double demo_change = 0.5;
+  MaskOptions mask;
+  std::string layout, schedule = "direct", dtype = "fp32";
+  int threads = 0;
+  double timeout = 300.0;
+};
+
+// One option per line, as --help lists them.
+// clang-format off
+po::options_description describe(Options& o) {
+  po::options_description inputs("Inputs");
+  inputs.add_options()
+      ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
+      ("weights", po::value(&o.weights)->value_name("DIR"),
+       "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout) and lora_{q,k,v,o}_{A,B}.npy "
+       "(a projection without its pair has no LoRA)")
+      ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
+      ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
+       "key/value heads, dividing H (0 = H)")
+      ("lora-rank", po::value(&o.lora_rank)->default_value(0)->value_name("R"),
+       "rank r of the LoRA factors (0 = as in the files; the demo: 4)")
+      ("lora-alpha", po::value(&o.lora_alpha)->default_value(0.0)->value_name("A"),
+       "scaling alpha / r, PEFT's lora_alpha (0 = r, scaling 1)")
+      ("lora-init", po::bool_switch(&o.lora_init),
+       "projections without LoRA files get fresh factors of rank --lora-rank (B = 0, A from --seed)")
+      ("seed", po::value(&o.seed)->default_value(0), "seed of --lora-init, the demo and BigBird masks");
+  po::options_description outputs("Outputs and backward");
+  outputs.add_options()
+      ("out", po::value(&o.out)->value_name("FILE.npy"), "write Y (shape of X); after --steps, the trained layer's")
+      ("dy", po::value(&o.dy)->value_name("FILE.npy"),
+       "run backward with this dY (shape of X); with --steps, the loss is sum(Y * dY)")
+      ("grads", po::value(&o.grads)->value_name("DIR"),
+       "write lora_<p>_A.npy, lora_<p>_B.npy (summed over sequence and batch) and dx.npy (needs --dy)")
+      ("merge-out", po::value(&o.merge_out)->value_name("DIR"),
+       "write merged weights wq.npy ... = W0 + (alpha / r) B A (after --steps, the trained ones)")
+      ("save-lora", po::value(&o.save_lora)->value_name("DIR"),
+       "write the LoRA factors lora_<p>_A.npy, lora_<p>_B.npy (after --steps, the trained ones)");
+  po::options_description training("Training (updates A and B; W0 stays frozen)");
+  training.add_options()
+      ("steps", po::value(&o.steps)->default_value(0)->value_name("N"), "training steps (the demo: 60)")
+      ("lr", po::value(&o.lr)->default_value(1e-3)->value_name("X"), "learning rate (the demo: 0.02)")
+      ("optimizer", po::value(&o.optimizer)->default_value("adamw")->value_name("sgd|adamw"),
+       "adamw: PyTorch's AdamW defaults, betas 0.9 0.999, eps 1e-8, weight decay 0.01")
+      ("target", po::value(&o.target)->value_name("FILE.npy"),
+       "train to this Y (shape of X): loss = mean squared error over all elements");
+  po::options_description demo("Demo: a student's LoRA factors recover a teacher's hidden low-rank change");
+  demo.add_options()
+      ("demo", po::bool_switch(&o.demo), "run the demo on random sequences (no files needed)")
+      ("seq-len", po::value(&o.seq_len)->default_value(1024)->value_name("L"), "demo: sequence length")
+      ("batch", po::value(&o.batch)->default_value(1)->value_name("B"), "demo: batch")
+      ("d-model", po::value(&o.d_model)->default_value(128)->value_name("D"), "demo: model width")
+      ("demo-change", po::value(&o.demo_change)->default_value(0.5)->value_name("F"),
+       "demo: norm of the teacher's change relative to W0");
+  po::options_description masks("Masks (combined by intersection)");
+  add_mask_options(masks, o.mask);
+  po::options_description run("Execution");
+  run.add_options()
+      ("layout", po::value(&o.layout)->value_name("contiguous|zigzag|striped"),
+       "token sharding over ranks (default: zigzag when causal, else contiguous)")
+      ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"),
+       "how K/V move between ranks in the attention")
+      ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"),
+       "storage and transfer type of Q, K, V in the attention (projections are fp32)")
+      ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
+       "CPU threads per rank (0 = the node's cores shared among its ranks)")
+      ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)")
+      ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
+       "end the job (exit 4) when a rank waits longer than this for a peer");
+  po::options_description all("ringattn layer options");
+  all.add_options()("help,h", "show this help");
+  all.add(inputs).add(outputs).add(training).add(demo).add(masks).add(run);
+  return all;
+}
+// clang-format on
+
+struct LayerJob {
+  Options opt;
+  LayerConfig config;
+  LayoutKind layout = LayoutKind::contiguous;
+  OptimizerOptions optimizer;
+  std::optional<NpyInfo> x_info, dy_info, target_info;
+  std::optional<WeightFiles> weights;
+  bool backward = false;  // one backward pass with --dy (not training)
+};
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t;
+  for (int64_t v : s) t += (t.empty() ? "(" : ", ") + std::to_string(v);
+  return t + ")";
+}
+
+// An input of the shape of X, or a UsageError naming the option.
+NpyInfo inspect_like_x(const std::string& path, const std::string& label, const NpyInfo& x) {
+  NpyInfo info = inspect_npy(path, label);
+  if (info.shape != x.shape)
+    throw UsageError(label + " " + path + ": shape " + shape_text(info.shape) + " but --x has " + shape_text(x.shape));
+  return info;
+}
+
+LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchContext& ctx) {
+  LayerJob job;
+  job.opt = o;
+  LayerConfig& c = job.config;
+  c.heads = o.heads;
+  c.kv_heads = o.kv_heads ? o.kv_heads : o.heads;
+  c.lora_rank = o.lora_rank;
+  if (o.demo) {
+    for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init"})
+      if (given(vm, name))
+        throw UsageError(std::string("--") + name + " has no place in --demo (its inputs are random)");
+    c.batch = o.batch, c.seq_len = o.seq_len, c.d_model = o.d_model;
+    if (c.lora_rank == 0) c.lora_rank = kDemoRank;
+    c.lora.fill(true);
+    job.opt.steps = given(vm, "steps") ? o.steps : kDemoSteps;
+    job.opt.lr = given(vm, "lr") ? o.lr : kDemoLr;
+    if (!(o.demo_change > 0) || !std::isfinite(o.demo_change)) throw UsageError("--demo-change must be positive");
+  } else {
+    for (const char* name : {"seq-len", "batch", "d-model", "demo-change"})
+      if (given(vm, name))
+        throw UsageError(std::string("--") + name + " describes the demo; with --x the shapes come from the files");
+    if (o.x.empty()) throw UsageError("--x is required (or run the --demo)");
+    if (o.weights.empty()) throw UsageError("--weights is required with --x");
+    job.x_info = inspect_npy(o.x, "--x");
+    const std::vector<int64_t>& xs = job.x_info->shape;
+    if (xs.size() != 2 && xs.size() != 3)
+      throw UsageError("--x " + o.x + ": expected a (B, L, d_model) or (L, d_model) array, got shape " +
+                       shape_text(xs));
+    c.batch = xs.size() == 3 ? xs[0] : 1;
+    c.seq_len = xs[xs.size() - 2];
+    c.d_model = xs.back();
+    c.validate();  // heads against d_model, before the weights' shapes are read with them
+    job.weights = inspect_weights(o.weights, c.d_model, c.heads, c.kv_heads, o.lora_rank);
+    c.lora = job.weights->lora();
+    if (c.lora_rank == 0) c.lora_rank = job.weights->lora_rank();
+    if (o.lora_init) {
+      if (c.lora_rank == 0) throw UsageError("--lora-init needs --lora-rank R (the rank of the new factors)");
+      c.lora.fill(true);
+    }
+    if (!o.dy.empty()) job.dy_info = inspect_like_x(o.dy, "--dy", *job.x_info);
+    if (!o.target.empty()) job.target_info = inspect_like_x(o.target, "--target", *job.x_info);
+    if (o.steps > 0 && !job.dy_info && !job.target_info)
+      throw UsageError("--steps needs a loss: --target FILE (mean squared error) or --dy FILE (loss sum(Y * dY))");
+    if (job.target_info && job.dy_info) throw UsageError("--target and --dy are two losses: give one");
+    if (job.target_info && o.steps == 0) throw UsageError("--target is what training aims at: it needs --steps N");
+    if (!o.grads.empty() && !job.dy_info) throw UsageError("--grads needs --dy (the gradient of the output)");
+    if (!o.grads.empty() && o.steps > 0)
+      throw UsageError(
+          "--grads writes the gradients of one pass; after --steps, write the trained factors with --save-lora");
+    job.backward = job.dy_info && o.steps == 0;
+  }
+  c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
+  bool any_lora = false;
+  for (bool on : c.lora) any_lora = any_lora || on;
+  if (job.opt.steps > 0 && !any_lora)
+    throw UsageError("--steps: --weights " + o.weights + " has no LoRA factors to train (add lora_<p>_A/B.npy, or " +
+                     "--lora-init --lora-rank R)");
+  if (o.steps < 0) throw UsageError("--steps must not be negative");
+  if (!(job.opt.lr > 0) || !std::isfinite(job.opt.lr)) throw UsageError("--lr must be a positive number");
+  job.optimizer.kind = parse_optimizer(o.optimizer);
+  job.optimizer.lr = job.opt.lr;
+  if (o.threads < 0) throw UsageError("--threads must not be negative");
+  if (o.timeout <= 0) throw UsageError("--timeout must be positive");
+  c.dtype = parse_dtype_option(o.dtype);
+  c.schedule = parse_schedule(o.schedule);
+  c.threads = o.threads ? o.threads : ctx.default_threads();
+  job.layout = layout_option(o.layout, o.mask.causal);
+  c.validate();
+  if (c.seq_len < ctx.world.size())
+    throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +
+                     std::to_string(ctx.world.size()));
+  return job;
+}
+
+// This rank's rows of an input of the shape of X, checked for NaN and Inf.
+std::vector<float> read_rows(const NpyInfo& info, const std::vector<int64_t>& pos, size_t elements) {
+  std::vector<float> x(elements);
+  read_npy_rows(info, rows_along(info.shape, int(info.shape.size()) - 2, pos), x.data());
+  for (float v : x)
+    if (!std::isfinite(v)) throw UsageError(info.label + " " + info.path + ": contains NaN or Inf");
+  return x;
+}
+
+double max_over_ranks(comm::Communicator& comm, double v) {
+  comm.allreduce(&v, 1, comm::DataType::f64, comm::ReduceOp::max);
+  return v;
+}
+
+}  // namespace
+
+int run_layer(LaunchContext& ctx) {
+  comm::Communicator& comm = ctx.world;
+  const int P = comm.size(), rank = comm.rank();
+  Options opts;
+  const po::options_description desc = describe(opts);
+  LayerJob job;
+  bool help = false;
+  agreed_phase(comm, [&] {
+    const po::variables_map vm = parse_options(desc, ctx.args, "layer");
+    if (vm.count("help")) {
+      help = true;
+      return;
+    }
+    agree_on_options(comm, canonical_options(vm));
+    job = resolve(opts, vm, ctx);
+  });
+  if (help) {
+    if (rank == 0)
+      std::cout << "usage: ringattn layer [options]   (under mpirun -np P for P ranks)\n\n"
+                   "The LoRA attention layer Y = Attn(X Wq^T, X Wk^T, X Wv^T) Wo^T with W = W0 + (alpha / r) B A,\n"
+                   "sequence-sharded activations and row-sharded parameters. Try: ringattn layer --demo --causal\n\n"
+                << desc << "\n";
+    return 0;
+  }
+  const Options& o = job.opt;
+  const LayerConfig& c = job.config;
+  const ShardLayout layout(job.layout, c.seq_len, P);
+  Mask mask;
+  agreed_phase(comm, [&] {
+    mask = build_mask(o.mask, c.seq_len, o.seed);
+    if (rank == 0) dump_block_mask(o.mask, mask);
+  });
+  comm.set_timeout(o.timeout);
+  std::unique_ptr<LoraLayer> layer;
+  try {
+    layer = std::make_unique<LoraLayer>(comm, c, layout, mask);
+  } catch (const std::exception& e) {
+    fail_now(comm, e);
+  }
+  const std::vector<int64_t>& pos = layer->positions();
+  const size_t n = layer->activation_elements();
+  std::vector<float> x, dy, target;
+  agreed_phase(comm, [&] {
+    if (job.weights) load_weights(*job.weights, *layer);
+    for (int p = 0; p < kProjections && o.lora_init; ++p)
+      if (!job.weights->a[size_t(p)]) init_lora_factors(layer->projection(p), o.seed, lora_init_stream(p));
+    if (job.x_info) x = read_rows(*job.x_info, pos, n);
+    if (job.dy_info) dy = read_rows(*job.dy_info, pos, n);
+    if (job.target_info) target = read_rows(*job.target_info, pos, n);
+  });
+
+  // Training (printed as it goes), then the passes whose results are written.
+  const bool demo = o.demo;
+  std::vector<double> losses;
+  double train_seconds = 0.0;
+  comm::Stopwatch step_clock;
+  auto print_step = [&](int step, double loss) {
+    losses.push_back(loss);
+    if (rank == 0) std::printf("%7d  %14.6e  %8.3f\n", step, loss, step_clock.seconds()), std::fflush(stdout);
+    step_clock.restart();
+  };
+  if (rank == 0) {
+    std::printf("ringattn layer  %d rank%s x %d thread%s  backend cpu (%s)  comm %s\n", P, P > 1 ? "s" : "", c.threads,
+                c.threads > 1 ? "s" : "", kernels::cpu_isa(), comm.name());
+    std::printf("  shape     batch %lld  seq_len %lld  d_model %lld  heads %lld (kv %lld)  head_dim %lld  %s\n",
+                (long long)c.batch, (long long)c.seq_len, (long long)c.d_model, (long long)c.heads,
+                (long long)c.kv_heads, (long long)c.head_dim(), dtype_name(c.dtype));
+    std::string on;
+    for (int p = 0; p < kProjections; ++p)
+      if (c.lora[size_t(p)]) on += std::string(on.empty() ? "" : ",") + projection_name(p);
+    std::printf("  lora      r %lld  alpha %g (scaling %g)  on %s\n", (long long)c.lora_rank, c.lora_alpha,
+                double(c.scaling()), on.empty() ? "none" : on.c_str());
+    std::printf("  mask      %s   layout %s   schedule %s\n", mask.describe().c_str(), layout_name(job.layout),
+                schedule_name(c.schedule));
+    if (o.steps > 0) {
+      std::printf("# training: %d steps, %s lr %g%s, loss %s\n", o.steps, optimizer_name(job.optimizer.kind), o.lr,
+                  job.optimizer.kind == OptimizerKind::adamw ? " (betas 0.9,0.999 eps 1e-8 weight_decay 0.01)" : "",
+                  demo              ? "MSE against the teacher's output"
+                  : job.target_info ? "MSE against --target"
+                                    : "sum(Y * dY)");
+      if (demo)
+        std::printf(
+            "# demo: the student starts at W0 (B = 0) and learns the teacher's hidden rank-%lld change "
+            "(%g of |W0|) on fresh random sequences\n",
+            (long long)c.lora_rank, o.demo_change);
+      std::printf("#  step            loss   seconds\n");
+    }
+    std::fflush(stdout);
+  }
+  std::vector<float> y, dx;
+  LayerPassStats fwd, bwd;
+  std::vector<std::vector<float>> merged(kProjections);
+  try {
+    const comm::Stopwatch train_clock;
+    if (demo) {
+      DemoOptions d;
+      d.steps = o.steps, d.optimizer = job.optimizer, d.seed = o.seed, d.teacher_change = o.demo_change;
+      run_lora_demo(comm, *layer, d, print_step, &fwd, &bwd);
+    } else if (o.steps > 0) {
+      LoraOptimizer optimizer(*layer, job.optimizer);
+      const LossKind kind = job.target_info ? LossKind::mse : LossKind::linear;
+      for (int step = 1; step <= o.steps; ++step)
+        print_step(step, train_step(comm, *layer, optimizer, x.data(), kind,
+                                    kind == LossKind::mse ? target.data() : dy.data(), y, &fwd, &bwd));
+    }
+    train_seconds = train_clock.seconds();
+    if (!demo && (o.steps == 0 || !o.out.empty())) {
+      y.resize(n);
+      fwd = layer->forward(x.data(), y.data());
+    }
+    if (job.backward) {
+      dx.resize(n);
+      bwd = layer->backward(x.data(), dy.data(), dx.data());
+    }
+    if (!o.merge_out.empty())
+      for (int p = 0; p < kProjections; ++p) merged[size_t(p)] = layer->merged_rows(p);
+  } catch (const std::exception& e) {
+    fail_now(comm, e);  // a peer may be blocked in a transfer: end every rank now
+  }
+
+  LayerOutputs outputs(*layer);
+  if (!o.out.empty())
+    outputs.add(o.out, "--out", job.x_info->shape,
+                rows_along(job.x_info->shape, int(job.x_info->shape.size()) - 2, pos), y);
+  if (!o.grads.empty()) {
+    outputs.add((std::filesystem::path(o.grads) / "dx.npy").string(), "--grads", job.x_info->shape,
+                rows_along(job.x_info->shape, int(job.x_info->shape.size()) - 2, pos), dx);
+    for (int p = 0; p < kProjections; ++p)
+      if (c.lora[size_t(p)]) outputs.add_factors(o.grads, "--grads", p, layer->lora_grad(p));
+  }
+  for (int p = 0; p < kProjections; ++p) {
+    if (!o.save_lora.empty() && c.lora[size_t(p)])
+      outputs.add_factors(o.save_lora, "--save-lora", p, layer->projection(p).lora());
+    if (!o.merge_out.empty()) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
+  }
+  if (!outputs.empty())
+    outputs.write(comm, {{o.grads, "--grads"}, {o.merge_out, "--merge-out"}, {o.save_lora, "--save-lora"}});
+
+  // Summary: times are the slowest rank's, memory the largest.
+  const double fwd_s = max_over_ranks(comm, fwd.seconds), bwd_s = max_over_ranks(comm, bwd.seconds);
+  const double gather_wait = max_over_ranks(comm, fwd.gather_wait_seconds + bwd.gather_wait_seconds);
+  const double shard = max_over_ranks(comm, double(layer->shard_bytes()));
+  const double gathered = max_over_ranks(comm, double(layer->peak_gathered_bytes()));
+  const double rss = max_over_ranks(comm, double(peak_rss_bytes()));
+  int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), c.seq_len);
+  comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  const double flops = 4.0 * double(c.batch * c.heads * c.head_dim()) * double(pairs);
+  double proj_flops = layer->projection_flops_forward();
+  comm.allreduce(&proj_flops, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  const bool ran_backward = job.backward || o.steps > 0;
+  // The attention's K/V traffic (forward) and the share of the forward spent waiting for data
+  // (K/V or parameters), averaged over ranks.
+  uint64_t kv_sent = fwd.attention.bytes_sent, kv_needed = layer->attention().bytes_needed();
+  comm.allreduce(&kv_sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&kv_needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  double exposed = fwd.seconds > 0 ? (fwd.attention.wait_seconds + fwd.gather_wait_seconds) / fwd.seconds : 0.0;
+  comm.allreduce(&exposed, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  if (rank != 0) return kExitOk;
+
+  if (!losses.empty())
+    std::printf("  loss      %.4e -> %.4e (%.1fx lower) in %d steps, %.2f s\n", losses.front(), losses.back(),
+                losses.front() / std::max(losses.back(), 1e-300), int(losses.size()), train_seconds);
+  if (fwd_s > 0)
+    std::printf("  forward   %.4f s  (attention %.4f, projections %.4f, exposed gathers %.4f)\n", fwd_s,
+                fwd.attention_seconds, fwd.projection_seconds, fwd.gather_wait_seconds);
+  if (ran_backward && bwd_s > 0)
+    std::printf("  backward  %.4f s  (attention %.4f, projections %.4f, exposed gathers %.4f, reduce %.4f)\n", bwd_s,
+                bwd.attention_seconds, bwd.projection_seconds, bwd.gather_wait_seconds, bwd.reduce_seconds);
+  std::printf("  params    %s in all; per rank %s held, at most %s gathered\n",
+              human_bytes(double(layer->full_parameter_bytes())).c_str(), human_bytes(shard).c_str(),
+              human_bytes(gathered).c_str());
+  std::printf("  memory    peak %s per rank (max)\n", human_bytes(rss).c_str());
+  std::fflush(stdout);
+  if (o.json.empty()) return kExitOk;
+  Json j = Json::object();
+  j["ranks"] = P;
+  j["batch"] = c.batch;
+  j["seq_len"] = c.seq_len;
+  j["d_model"] = c.d_model;
+  j["heads"] = c.heads;
+  j["kv_heads"] = c.kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["lora_rank"] = c.lora_rank;
+  j["lora_alpha"] = c.lora_alpha;
+  j["mask"] = mask.describe();
+  j["layout"] = layout_name(job.layout);
+  j["schedule"] = schedule_name(c.schedule);
+  j["dtype"] = dtype_name(c.dtype);
+  j["backend"] = "cpu";
+  j["comm"] = comm.name();
+  j["threads"] = c.threads;
+  j["forward_s"] = fwd_s;
+  if (ran_backward) j["backward_s"] = bwd_s;
+  j["flops_forward"] = flops;
+  j["projection_flops_forward"] = proj_flops;
+  j["gflops_per_rank"] = fwd_s > 0 ? (flops + proj_flops) / fwd_s / P / 1e9 : 0.0;
+  j["comm_bytes_sent"] = kv_sent;
+  j["comm_bytes_needed"] = kv_needed;
+  j["exposed_comm_fraction"] = exposed / P;
+  j["gather_wait_s"] = gather_wait;
+  j["parameter_bytes"] = double(layer->full_parameter_bytes());
+  j["parameter_bytes_per_rank"] = shard;
+  j["peak_gathered_bytes"] = gathered;
+  j["peak_rss_bytes"] = rss;
+  if (!losses.empty()) {
+    j["steps"] = int(losses.size());
+    j["optimizer"] = optimizer_name(job.optimizer.kind);
+    j["lr"] = o.lr;
+    Json l = Json::array();
+    for (double v : losses) l.push_back(v);
+    j["losses"] = l;
+  }
+  try {
+    write_text_file(o.json, "--json", j.dump() + "\n");
+  } catch (const std::exception& e) {
+    print_error(e.what());
+    return exit_code_of(e);
+  }
+  return kExitOk;
+}
+
+}  // namespace ringattn

@@ -1,0 +1,65 @@
+#include "launch/layer_outputs.hpp"
+
+#include <filesystem>
+
+#include "launch/job_control.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/lora_weights.hpp"
+
+namespace ringattn {
+
+namespace {
+
+std::string file(const std::string& dir, int p, ProjectionPart part) {
+  return (std::filesystem::path(dir) / weight_file_name(p, part)).string();
+}
+
+}  // namespace
+
+void LayerOutputs::add(const std::string& path, const std::string& label, std::vector<int64_t> shape, RowSelection rows,
+                       std::vector<float> data) {
+  const float* p = buffers_.emplace_back(std::move(data)).data();
+  files_.push_back({path, label, std::move(shape), rows, p});
+}
+
+void LayerOutputs::add_factors(const std::string& dir, const std::string& label, int p, std::span<const float> slice) {
+  const ShardedProjection& proj = layer_.projection(p);
+  const ProjectionShape& s = proj.shape();
+  const std::vector<int64_t>& cols = positions(proj.cols());
+  const int64_t n = static_cast<int64_t>(cols.size());
+  std::vector<float> a(static_cast<size_t>(s.rank * n));  // (r, cols) from A^T (cols, r)
+  for (int64_t i = 0; i < s.rank; ++i)
+    for (int64_t j = 0; j < n; ++j) a[size_t(i * n + j)] = slice[size_t(j * s.rank + i)];
+  add(file(dir, p, ProjectionPart::lora_a), label, {s.rank, s.in}, RowSelection{s.rank, s.in, 1, cols}, std::move(a));
+  const std::span<const float> b = slice.subspan(static_cast<size_t>(n * s.rank));
+  add(file(dir, p, ProjectionPart::lora_b), label, {s.out, s.rank},
+      RowSelection{1, s.out, s.rank, positions(proj.rows())}, std::vector<float>(b.begin(), b.end()));
+}
+
+void LayerOutputs::add_merged(const std::string& dir, int p, std::vector<float> rows) {
+  const ProjectionShape& s = layer_.projection(p).shape();
+  add(file(dir, p, ProjectionPart::w0), "--merge-out", {s.out, s.in},
+      RowSelection{1, s.out, s.in, positions(layer_.projection(p).rows())}, std::move(rows));
+}
+
+const std::vector<int64_t>& LayerOutputs::positions(const RowRange& r) {
+  std::vector<int64_t>& pos = positions_.emplace_back();
+  for (int64_t i = r.begin; i < r.end; ++i) pos.push_back(i);
+  return pos;
+}
+
+void LayerOutputs::write(comm::Communicator& comm, const std::vector<std::pair<std::string, const char*>>& dirs) const {
+  agreed_phase(comm, [&] {
+    if (comm.rank() != 0) return;
+    for (const auto& [dir, option] : dirs) {
+      if (dir.empty()) continue;
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec || !std::filesystem::is_directory(dir))
+        throw UsageError(std::string(option) + " " + dir + ": cannot create the directory (" + ec.message() + ")");
+    }
+  });
+  write_outputs(comm, files_);
+}
+
+}  // namespace ringattn

@@ -1,0 +1,135 @@
+// One projection of the LoRA attention layer, y = x W^T with W = W0 + s B A (s = alpha / r), its
+// parameters sharded over the ranks, and the arithmetic on it (SPEC.md "The LoRA attention layer").
+//
+// File layouts (PyTorch nn.Linear): W0 (out, in), A (r, in), B (out, r). Rank p of P holds
+//   W0 rows [out_p)          rows `rows(p)` of W0: about out/P of them
+//   B rows  [out_p)          the same rows of B
+//   A columns [in_p)         columns `cols(p)` of A, stored transposed: rows of A^T (in, r)
+// where [out_p) and [in_p) are the near-equal contiguous chunks of even_chunk(). Cutting A by its
+// columns (not its r rows) keeps every rank's share ~1/P even when P > r, and makes both the
+// gathered A^T and the per-rank gradient blocks of dA^T contiguous, so gathers and
+// reduce-scatters need no reshuffling.
+//
+// The LoRA path is computed as (x A^T) B^T: B A is never formed except by merge.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "runtime/ring_plan.hpp"
+
+namespace ringattn {
+
+// Chunk `part` of n items cut into `parts` contiguous chunks whose sizes differ by at most one
+// (the first n % parts are one longer).
+RowRange even_chunk(int64_t n, int parts, int part);
+
+struct ProjectionShape {
+  int64_t out = 0;   // rows of W0 and B
+  int64_t in = 0;    // columns of W0 and A
+  int64_t rank = 0;  // r; 0 = no LoRA factors
+  bool has_lora() const { return rank > 0; }
+};
+
+enum class ProjectionPart { w0, lora_a, lora_b };
+
+// This rank's slice of one projection's parameters.
+class ShardedProjection {
+ public:
+  ShardedProjection(const ProjectionShape& shape, int ranks, int rank);
+
+  const ProjectionShape& shape() const { return shape_; }
+  int ranks() const { return ranks_; }
+  RowRange rows(int rank) const { return even_chunk(shape_.out, ranks_, rank); }  // of W0 and B
+  RowRange cols(int rank) const { return even_chunk(shape_.in, ranks_, rank); }   // of A
+  RowRange rows() const { return rows(rank_); }
+  RowRange cols() const { return cols(rank_); }
+
+  // W0 rows (rows, in), frozen.
+  std::span<float> w0() { return w0_; }
+  std::span<const float> w0() const { return w0_; }
+  // The trainable slice: [A^T rows (cols, r) | B rows (rows, r)]. Gradients and optimizer state
+  // have this layout too.
+  std::span<float> lora() { return lora_; }
+  std::span<const float> lora() const { return lora_; }
+  std::span<const float> lora_a_t() const { return std::span<const float>(lora_).first(a_elements(rank_)); }
+  std::span<const float> lora_b() const { return std::span<const float>(lora_).subspan(a_elements(rank_)); }
+  size_t a_elements(int rank) const;  // of rank's A^T slice
+  size_t b_elements(int rank) const;  // of rank's B slice
+
+  // Calls f(row, col, index) for every element of `part` this rank holds: (row, col) in the
+  // file layout of the part, index into w0() (part w0) or into lora() (A and B).
+  void for_each_owned(ProjectionPart part, const std::function<void(int64_t, int64_t, size_t)>& f) const;
+  // Sets every owned element of `part` to value(row, col).
+  void fill(ProjectionPart part, const std::function<float(int64_t, int64_t)>& value);
+
+  size_t bytes() const { return sizeof(float) * (w0_.size() + lora_.size()); }
+  size_t full_bytes() const;  // of the whole projection, on one rank
+
+ private:
+  ProjectionShape shape_;
+  int ranks_, rank_;
+  std::vector<float> w0_, lora_;
+};
+
+// A projection's whole parameters, assembled on one rank for the time of its use.
+struct GatheredProjection {
+  ProjectionShape shape;
+  std::vector<float> w0;   // (out, in)
+  std::vector<float> a_t;  // (in, r): A transposed
+  std::vector<float> b;    // (out, r)
+
+  size_t bytes() const { return sizeof(float) * (w0.size() + a_t.size() + b.size()); }
+  void release();  // frees the memory
+};
+
+// The non-blocking all-gather of one projection: every rank sends its slices straight to every
+// other rank (point to point, so it advances while the caller computes and calls progress()).
+// Each rank sends and receives (P-1)/P of the projection, what a ring all-gather moves.
+class ProjectionGather {
+ public:
+  // Posts the transfers that assemble `p` in `dst` (resized as needed); `tag` is the
+  // projection's own, so gathers of different projections never match each other. The slices
+  // of `p` must stay unchanged until finish().
+  void start(comm::Communicator& comm, const ShardedProjection& p, GatheredProjection& dst, int tag);
+  // Blocks until every transfer is done; returns the seconds blocked (the exposed gather time).
+  double finish(comm::Communicator& comm, const std::string& what);
+  bool active() const { return !requests_.empty(); }
+
+ private:
+  std::vector<comm::Request> requests_;
+};
+
+// y (n, out) = x (n, in) W0^T + s u B^T with u = x A^T (n, r), which is kept for the backward
+// pass (u may be null without LoRA). `progress` is called between blocks of rows.
+void projection_forward(const GatheredProjection& w, float scaling, const float* x, int64_t n, float* y, float* u,
+                        const std::function<void()>& progress);
+
+// Given dy (n, out) and the forward's x and u: with du = s dy B (n, r),
+//   grad_a_t (in, r) += x^T du,   grad_b (out, r) += s dy^T u    (sums over these n rows)
+//   dx (n, in) = dy W0 + du A     (+= when accumulate_dx; skipped when dx is null)
+void projection_backward(const GatheredProjection& w, float scaling, const float* x, const float* u, const float* dy,
+                         int64_t n, float* dx, bool accumulate_dx, float* grad_a_t, float* grad_b,
+                         const std::function<void()>& progress);
+
+// Every owned element of `part` <- scale * N(0, 1) from the seeded generator of random_inputs.hpp,
+// indexed by its global (row, col): the same values for any number of ranks.
+void fill_normal(ShardedProjection& p, ProjectionPart part, uint64_t seed, uint64_t stream, float scale);
+// Fresh LoRA factors as PEFT initialises them: B = 0, and A with the variance of PEFT's
+// Kaiming-uniform init, 1 / (3 in) (here normal), so that W starts as W0.
+void init_lora_factors(ShardedProjection& p, uint64_t seed, uint64_t stream);
+// The generator stream of init_lora_factors for projection p (activations use 1..6).
+inline uint64_t lora_init_stream(int p) { return 28 + uint64_t(p); }
+
+// This rank's rows of the merged weight W0 + s B A, (rows, in), given the whole A^T (in, r).
+std::vector<float> merge_rows(const ShardedProjection& p, std::span<const float> a_t, float scaling);
+
+// Sets the number of threads of the BLAS used by the projections (process-wide).
+void set_blas_threads(int threads);
+
+}  // namespace ringattn
