@@ -11,11 +11,13 @@
 #include <optional>
 
 #include "kernels/attention_cpu.hpp"
+#include "launch/attention_options.hpp"
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/npy_outputs.hpp"
 #include "launch/options_util.hpp"
+#include "launch/test_hook.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
 #include "runtime/errors.hpp"
@@ -28,198 +30,41 @@ namespace po = boost::program_options;
 namespace ringattn {
 namespace {
 
-struct Options {
-  std::string q, k, v, dout;
-  std::string out, lse, dq, dk, dv;
-  int64_t seq_len = 8192, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
-  uint64_t seed = 0;
-  double scale = 0.0;
-  bool backward = false;
-  MaskOptions mask;
-  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
-  int threads = 0, iters = 1, warmup = 0;
-  bool check = false;
-  int check_rows = 16;
-  bool check_finite = false, no_check_finite = false;
-  std::string json;
-  double timeout = 300.0;
-  bool progress = false;
-  double emulate_bandwidth = 0.0, emulate_latency = 0.0;
-};
-
-po::options_description describe(Options& o) {
-  po::options_description inputs("Inputs (files, or random inputs from the shape options)");
-  inputs.add_options()
-      ("q", po::value(&o.q)->value_name("FILE.npy"), "queries (B, L, H, D) or (L, H, D), float32")
-      ("k", po::value(&o.k)->value_name("FILE.npy"), "keys (B, L, Hkv, D)")
-      ("v", po::value(&o.v)->value_name("FILE.npy"), "values (B, L, Hkv, D)")
-      ("seq-len", po::value(&o.seq_len)->default_value(8192)->value_name("L"), "random inputs: sequence length")
-      ("batch", po::value(&o.batch)->default_value(1)->value_name("B"), "random inputs: batch")
-      ("heads", po::value(&o.heads)->default_value(8)->value_name("H"), "random inputs: query heads")
-      ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
-       "random inputs: key/value heads, dividing H (0 = H)")
-      ("head-dim", po::value(&o.head_dim)->default_value(128)->value_name("D"), "random inputs: head dim")
-      ("seed", po::value(&o.seed)->default_value(0), "seed of random inputs, BigBird masks and --check rows")
-      ("scale", po::value(&o.scale)->default_value(0.0)->value_name("S"), "softmax scale (0 = 1/sqrt(D))");
-  po::options_description outputs("Outputs and backward");
-  outputs.add_options()
-      ("out", po::value(&o.out)->value_name("FILE.npy"), "write O (shape of Q)")
-      ("lse", po::value(&o.lse)->value_name("FILE.npy"), "write LSE (B, H, L), natural log")
-      ("dout", po::value(&o.dout)->value_name("FILE.npy"), "run backward with this dO (shape of Q)")
-      ("backward", po::bool_switch(&o.backward), "run backward with random dO")
-      ("dq", po::value(&o.dq)->value_name("FILE.npy"), "write dQ")
-      ("dk", po::value(&o.dk)->value_name("FILE.npy"), "write dK")
-      ("dv", po::value(&o.dv)->value_name("FILE.npy"), "write dV");
-  po::options_description masks("Masks (combined by intersection)");
-  add_mask_options(masks, o.mask);
-  po::options_description run("Execution");
-  run.add_options()
-      ("layout", po::value(&o.layout)->value_name("contiguous|zigzag|striped"),
-       "token sharding over ranks (default: zigzag when causal, else contiguous)")
-      ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"),
-       "direct: each rank's rows straight to the ranks that need them; ring: neighbour relay")
-      ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"),
-       "storage and transfer type (accumulation is fp32)")
-      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu")
-      ("comm", po::value(&o.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi")
-      ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
-       "CPU threads per rank (0 = the node's cores shared among its ranks)")
-      ("iters", po::value(&o.iters)->default_value(1)->value_name("N"), "timed repetitions (the median is reported)")
-      ("warmup", po::value(&o.warmup)->default_value(0)->value_name("N"), "untimed repetitions first")
-      ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 if off)")
-      ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows sampled by --check")
-      ("check-finite", po::bool_switch(&o.check_finite), "refuse NaN/Inf inputs (default for file inputs)")
-      ("no-check-finite", po::bool_switch(&o.no_check_finite), "skip the NaN/Inf scan of file inputs")
-      ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)")
-      ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
-       "end the job (exit 4) when a rank waits longer than this for a peer")
-      ("progress", po::bool_switch(&o.progress), "show steps done and time left on stderr (rank 0)")
-      ("emulate-bandwidth", po::value(&o.emulate_bandwidth)->default_value(0.0)->value_name("GBPS"),
-       "MPI: delay transfers as a link of this bandwidth would (GB/s, 0 = off)")
-      ("emulate-latency", po::value(&o.emulate_latency)->default_value(0.0)->value_name("US"),
-       "MPI: add this latency to every transfer (microseconds)");
-  po::options_description all("ringattn [attention] options");
-  all.add_options()("help,h", "show this help");
-  all.add(inputs).add(outputs).add(masks).add(run);
-  return all;
-}
-
-// Everything the job needs, resolved and validated.
-struct Job {
-  Options opt;
-  kernels::AttentionDims dims;
-  int64_t seq_len = 0;
-  bool files = false;
-  bool backward = false;
-  LayoutKind layout = LayoutKind::contiguous;
-  Schedule schedule = Schedule::direct;
-  DType dtype = DType::f32;
-  int threads = 1;
-  std::optional<NpyInfo> q_info, k_info, v_info, dout_info;
-};
-
-// Shape (B, L, heads, D) of a Q/K/V/dO file: 4-D, or 3-D with B = 1.
-std::vector<int64_t> as_bshd(const NpyInfo& info) {
-  if (info.shape.size() == 4) return info.shape;
-  if (info.shape.size() == 3) return {1, info.shape[0], info.shape[1], info.shape[2]};
-  throw UsageError(info.label + " " + info.path + ": expected a (B, L, H, D) or (L, H, D) array, got " +
-                   std::to_string(info.shape.size()) + " dimensions");
-}
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "(";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + ")";
-}
-
-Job resolve(const Options& o, const po::variables_map& vm, const LaunchContext& ctx) {
-  Job job;
-  job.opt = o;
-  const int P = ctx.world.size();
-  job.files = !o.q.empty() || !o.k.empty() || !o.v.empty();
-  if (job.files && (o.q.empty() || o.k.empty() || o.v.empty()))
-    throw UsageError("--q, --k and --v go together: give all three files, or none for random inputs");
-  int64_t B = o.batch, L = o.seq_len, H = o.heads, Hkv = o.kv_heads ? o.kv_heads : o.heads, D = o.head_dim;
-  if (job.files) {
-    for (const char* name : {"seq-len", "batch", "heads", "kv-heads", "head-dim"})
-      if (given(vm, name))
-        throw UsageError(std::string("--") + name + " describes random inputs; with --q/--k/--v the shapes come from the files");
-    job.q_info = inspect_npy(o.q, "--q");
-    job.k_info = inspect_npy(o.k, "--k");
-    job.v_info = inspect_npy(o.v, "--v");
-    const auto qs = as_bshd(*job.q_info), ks = as_bshd(*job.k_info), vs = as_bshd(*job.v_info);
-    B = qs[0], L = qs[1], H = qs[2], D = qs[3], Hkv = ks[2];
-    if (ks != vs)
-      throw UsageError("--k " + o.k + " has shape " + shape_text(job.k_info->shape) + " but --v " + o.v + " has " +
-                       shape_text(job.v_info->shape));
-    if (ks[0] != B || ks[1] != L || ks[3] != D)
-      throw UsageError("--q " + o.q + " has shape " + shape_text(job.q_info->shape) + " but --k " + o.k + " has " +
-                       shape_text(job.k_info->shape) + ": batch, length and head dim must agree");
-  }
-  if (B < 1 || L < 1 || H < 1 || Hkv < 1 || D < 1)
-    throw UsageError("batch, seq-len, heads, kv-heads and head-dim must be positive");
-  if (H % Hkv != 0)
-    throw UsageError("heads " + std::to_string(H) + " is not a multiple of kv-heads " + std::to_string(Hkv) +
-                     " (grouped-query attention needs Hkv to divide H)");
-  if (!kernels::cpu_supports_head_dim(D))
-    throw UsageError("head dim " + std::to_string(D) + " is not supported: use a multiple of 16 up to 512");
-  if (L < P)
-    throw UsageError("sequence length " + std::to_string(L) + " is smaller than the number of ranks " +
-                     std::to_string(P));
-  if (!o.dout.empty()) {
-    if (!job.files) throw UsageError("--dout needs --q/--k/--v files (use --backward for random dO)");
-    job.dout_info = inspect_npy(o.dout, "--dout");
-    if (as_bshd(*job.dout_info) != as_bshd(*job.q_info))
-      throw UsageError("--dout " + o.dout + " has shape " + shape_text(job.dout_info->shape) + " but Q has " +
-                       shape_text(job.q_info->shape));
-  }
-  job.backward = o.backward || !o.dout.empty();
-  if (!job.backward && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty()))
-    throw UsageError("--dq/--dk/--dv are gradients: they need --backward or --dout");
-  if (o.iters < 1) throw UsageError("--iters must be at least 1");
-  if (o.warmup < 0) throw UsageError("--warmup must not be negative");
-  if (o.threads < 0) throw UsageError("--threads must not be negative");
-  if (o.timeout <= 0) throw UsageError("--timeout must be positive");
-  if (o.check_rows < 1) throw UsageError("--check-rows must be at least 1");
-  if (o.scale < 0 || !std::isfinite(o.scale)) throw UsageError("--scale must be a positive number");
-  if (o.emulate_bandwidth < 0 || o.emulate_latency < 0)
-    throw UsageError("--emulate-bandwidth and --emulate-latency must not be negative");
-  if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
-  job.dtype = parse_dtype_option(o.dtype);
-  if (!o.backend.empty() && o.backend != "cpu") {
-    if (o.backend == "cuda") throw UsageError("--backend cuda: this build has no usable GPU backend");
-    throw UsageError("--backend " + o.backend + ": expected cpu or cuda");
-  }
-  if (!o.comm.empty() && o.comm != "mpi") {
-    if (o.comm == "nccl") throw UsageError("--comm nccl needs --backend cuda");
-    throw UsageError("--comm " + o.comm + ": expected mpi or nccl");
-  }
-  job.layout = layout_option(o.layout, o.mask.causal);
-  job.schedule = parse_schedule(o.schedule);
-  job.threads = o.threads ? o.threads : ctx.default_threads();
-  job.seq_len = L;
-  job.dims = kernels::AttentionDims{B, H, Hkv, D, o.scale > 0 ? float(o.scale) : 1.0f / std::sqrt(float(D))};
-  return job;
-}
-
-// Reads (or generates) this rank's rows of a (B, L, heads*D) tensor, as fp32 on the host.
+// Reads (or generates) this rank's rows of a (B, L, heads*D) tensor, as fp32 on the host. A file
+// that is not float32 is converted, and `note` says so. With `scan_finite`, a NaN or Inf in the
+// file, or (with --dtype bf16) a value that bfloat16 cannot hold, is refused naming the position.
 std::vector<float> load_rows(const Job& job, const std::optional<NpyInfo>& info, RandomTensor tensor, int64_t heads,
-                             const std::vector<int64_t>& pos, bool scan_finite) {
+                             const std::vector<int64_t>& pos, bool scan_finite, std::string* note) {
   const int64_t B = job.dims.batch, D = job.dims.head_dim;
   std::vector<float> x(static_cast<size_t>(B * static_cast<int64_t>(pos.size()) * heads * D));
   if (!info) {
     random_rows(x.data(), job.opt.seed, tensor, B, job.seq_len, heads * D, pos.data(), static_cast<int64_t>(pos.size()));
     return x;
   }
-  std::string note;
-  read_npy_rows(*info, rows_along(info->shape, info->shape.size() == 4 ? 1 : 0, pos), x.data(), &note);
-  if (scan_finite) {
-    for (size_t i = 0; i < x.size(); ++i)
-      if (!std::isfinite(x[i]))
-        throw UsageError(info->label + " " + info->path + ": contains NaN or Inf (at sequence position " +
-                         std::to_string(pos[(i / static_cast<size_t>(heads * D)) % pos.size()]) +
-                         "); fix the input or pass --no-check-finite");
+  std::string converted;
+  read_npy_rows(*info, rows_along(info->shape, info->shape.size() == 4 ? 1 : 0, pos), x.data(), &converted);
+  if (!converted.empty() && note) *note = info->label + " " + info->path + ": converted " +
+                                          (info->descr == "<f8" ? "float64" : "float16") + " to float32";
+  if (!scan_finite) return x;
+  const std::string where = info->label + " " + info->path + ": ";
+  auto position = [&](size_t i) { return std::to_string(pos[(i / static_cast<size_t>(heads * D)) % pos.size()]); };
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isfinite(x[i])) continue;
+    if (std::isinf(x[i]) && converted.find("beyond") != std::string::npos)
+      throw UsageError(where + "a float64 value at sequence position " + position(i) +
+                       " is beyond the float32 range (it would be inf); rescale the input");
+    throw UsageError(where + "contains " + (std::isnan(x[i]) ? "NaN" : "Inf") + " (at sequence position " + position(i) +
+                     "); fix the input or pass --no-check-finite");
   }
+  if (job.dtype == DType::bf16)
+    for (size_t i = 0; i < x.size(); ++i)
+      if (std::isinf(bf16_to_float(float_to_bf16(x[i])))) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%.6g", double(x[i]));
+        throw UsageError(where + "value " + value + " at sequence position " + position(i) +
+                         " overflows bfloat16 (largest finite 3.39e38) under --dtype bf16; rescale the input or use "
+                         "--dtype fp32");
+      }
   return x;
 }
 
@@ -301,25 +146,27 @@ class ProgressLine {
 int run_attention(LaunchContext& ctx) {
   comm::Communicator& comm = ctx.world;
   const int P = comm.size(), rank = comm.rank();
+  TestHook test_hook;
   Options opts;
-  const po::options_description desc = describe(opts);
+  const po::options_description desc = describe_attention_options(opts);
   Job job;
-  bool help = false;
-  const bool default_job = ctx.args.empty();
+  // SPEC.md: with no options, a small self-checking job. Spelled out as options, so that the
+  // ranks compare it like any other (one rank without options and one with is a difference).
+  std::vector<std::string> args = ctx.args;
+  if (args.empty()) args = {"--causal", "--backward", "--check"};
+  // Parse, agree, then validate: each its own agreed phase, so that every rank takes part in
+  // every collective even when its own command line is the one that fails.
+  po::variables_map vm;
   agreed_phase(comm, [&] {
-    const po::variables_map vm = parse_options(desc, ctx.args, "attention");
-    if (vm.count("help")) {
-      help = true;
-      return;
-    }
-    if (default_job) {  // SPEC.md: with no options, a small self-checking job
-      opts.mask.causal = true;
-      opts.backward = true;
-      opts.check = true;
-    }
-    agree_on_options(comm, canonical_options(vm));
-    job = resolve(opts, vm, ctx);
+    vm = parse_options(desc, args, "attention");
+    test_hook = TestHook::from_environment(rank);
   });
+  agreed_phase(comm, [&] { agree_on_options(comm, canonical_options(vm)); });
+  const bool help = vm.count("help") > 0;
+  if (!help) {
+    agreed_phase(comm, [&] { job = resolve_attention_job(opts, vm, ctx); });
+    comm.set_timeout(job.opt.timeout);  // from here on every wait is bounded by --timeout
+  }
   if (help) {
     if (rank == 0)
       std::cout << "usage: ringattn [attention] [options]   (under mpirun -np P for P ranks)\n"
@@ -330,37 +177,51 @@ int run_attention(LaunchContext& ctx) {
     return 0;
   }
 
-  const ShardLayout layout(job.layout, job.seq_len, P);
-  const std::vector<int64_t> pos = layout.positions(rank);
-  const int64_t rows = static_cast<int64_t>(pos.size());
-  const int64_t B = job.dims.batch, H = job.dims.heads, Hkv = job.dims.kv_heads, D = job.dims.head_dim;
+  std::optional<ShardLayout> layout_storage;
+  std::vector<int64_t> pos;
   Mask mask;
   agreed_phase(comm, [&] {
+    layout_storage.emplace(job.layout, job.seq_len, P);
+    pos = layout_storage->positions(rank);
     mask = build_mask(job.opt.mask, job.seq_len, job.opt.seed);
+  });
+  // Every rank read the same files: the same shapes and the same mask.
+  agreed_phase(comm, [&] {
+    if (auto d = differs_from_rank0(comm, resolved_lines(job, mask)))
+      throw UsageError("the ranks read different inputs: " + d->name + " is " + d->on_rank0 + " on rank 0 but " +
+                       d->here + " on rank " + std::to_string(rank) + " (every rank must see the same files)");
+  });
+  agreed_phase(comm, [&] {
     if (rank == 0) dump_block_mask(job.opt.mask, mask);
   });
+  const ShardLayout& layout = *layout_storage;
+  const int64_t rows = static_cast<int64_t>(pos.size());
+  const int64_t B = job.dims.batch, H = job.dims.heads, Hkv = job.dims.kv_heads, D = job.dims.head_dim;
 
   // Inputs: each rank reads (or generates) only its own rows.
   auto backend = make_cpu_backend(job.threads);
   std::vector<float> q, k, v, dout;
   DeviceBuffer dq_in, dk_in, dv_in, ddo_in;
   const bool scan = job.files ? !job.opt.no_check_finite : job.opt.check_finite;
+  std::string notes[4];
   agreed_phase(comm, [&] {
-    q = load_rows(job, job.q_info, RandomTensor::q, H, pos, scan);
-    k = load_rows(job, job.k_info, RandomTensor::k, Hkv, pos, scan);
-    v = load_rows(job, job.v_info, RandomTensor::v, Hkv, pos, scan);
-    if (job.backward) dout = load_rows(job, job.dout_info, RandomTensor::dout, H, pos, scan);
+    q = load_rows(job, job.q_info, RandomTensor::q, H, pos, scan, &notes[0]);
+    k = load_rows(job, job.k_info, RandomTensor::k, Hkv, pos, scan, &notes[1]);
+    v = load_rows(job, job.v_info, RandomTensor::v, Hkv, pos, scan, &notes[2]);
+    if (job.backward) dout = load_rows(job, job.dout_info, RandomTensor::dout, H, pos, scan, &notes[3]);
     dq_in = to_backend(*backend, q, job.dtype);
     dk_in = to_backend(*backend, k, job.dtype);
     dv_in = to_backend(*backend, v, job.dtype);
     if (job.backward) ddo_in = to_backend(*backend, dout, job.dtype);
   });
+  if (rank == 0)  // every rank converted its rows alike: one note
+    for (const std::string& note : notes)
+      if (!note.empty()) std::fprintf(stderr, "ringattn: note: %s\n", note.c_str());
   if (!job.opt.check) {  // the host copies are only needed to check
     q = {}, k = {}, v = {};
     if (job.backward) dout = {};
   }
 
-  comm.set_timeout(job.opt.timeout);
   comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
   RingAttention ring(comm, *backend, layout, mask, RingOptions{job.dims, job.dtype, job.schedule});
   DeviceBuffer o_buf(*backend, sizeof(float) * static_cast<size_t>(B * rows * H * D));
@@ -384,13 +245,22 @@ int run_attention(LaunchContext& ctx) {
     }
     ProgressLine progress(job.opt.progress && rank == 0, weights);
     int pass = 0;
+    std::string stage;  // where a failure happened, for its message
     try {
       for (int it = 0; it < job.opt.warmup + job.opt.iters; ++it) {
         const bool timed = it >= job.opt.warmup;
+        const std::string repetition = " of repetition " + std::to_string(it + 1) + "/" +
+                                       std::to_string(job.opt.warmup + job.opt.iters);
+        stage = "before the forward pass" + repetition;
         comm.barrier();
-        ring.on_step = [&](int done, int steps) { progress.step(pass, done, steps); };
+        stage = "in the forward pass" + repetition;
+        ring.on_step = [&](int done, int steps) {
+          progress.step(pass, done, steps);
+          test_hook.at_step();
+        };
         PassStats f = ring.forward(dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(), lse_buf.as<float>());
         ++pass;
+        stage = "after the forward pass" + repetition;
         double t = f.seconds;
         comm.allreduce(&t, 1, comm::DataType::f64, comm::ReduceOp::max);
         if (timed) {
@@ -406,14 +276,19 @@ int run_attention(LaunchContext& ctx) {
           bytes_sent = sent;
         }
         if (!job.backward) continue;
+        stage = "before the backward pass" + repetition;
         comm.barrier();
+        stage = "in the backward pass" + repetition;
         PassStats b = ring.backward(dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(), lse_buf.as<float>(),
                                     ddo_in.data(), dq_buf.as<float>(), dk_buf.as<float>(), dv_buf.as<float>());
         ++pass;
+        stage = "after the backward pass" + repetition;
         double tb = b.seconds;
         comm.allreduce(&tb, 1, comm::DataType::f64, comm::ReduceOp::max);
         if (timed) bwd_times.push_back(tb);
       }
+    } catch (const comm::CommError& e) {
+      fail_now(comm, comm::CommError(std::string(e.what()) + " (" + stage + ")"));  // end every rank now
     } catch (const std::exception& e) {
       fail_now(comm, e);  // a peer may be blocked in a transfer: end every rank now
     }
@@ -426,11 +301,9 @@ int run_attention(LaunchContext& ctx) {
   if (job.backward) dq = download(*backend, dq_buf), dk = download(*backend, dk_buf), dv = download(*backend, dv_buf);
 
   std::optional<CheckReport> check;
-  if (job.opt.check) {
-    agreed_phase(comm, [&] {
-      CheckTensors t{q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data()};
-      check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);
-    });
+  if (job.opt.check) {  // communicates: a failure here ends every rank at once (main's handler)
+    CheckTensors t{q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data()};
+    check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);
   }
   const bool check_failed = check && !check->passed();
 
@@ -449,19 +322,18 @@ int run_attention(LaunchContext& ctx) {
     std::vector<OutputRows> files;
     const std::vector<int64_t> qshape = job.q_info ? job.q_info->shape : std::vector<int64_t>{B, job.seq_len, H, D};
     const std::vector<int64_t> kshape = job.k_info ? job.k_info->shape : std::vector<int64_t>{B, job.seq_len, Hkv, D};
-    auto add = [&](const std::string& path, std::vector<int64_t> shape, const float* data, int64_t outer,
-                   int64_t inner) {
-      if (path.empty()) return;
-      files.push_back({path, "output", std::move(shape), RowSelection{outer, job.seq_len, inner, pos}, data});
+    auto add = [&](const char* label, const std::string& path, std::vector<int64_t> shape, const float* data,
+                   int64_t outer, int64_t inner) {
+      if (!path.empty()) files.push_back({path, label, std::move(shape), RowSelection{outer, job.seq_len, inner, pos}, data});
     };
-    add(job.opt.out, qshape, o.data(), B, H * D);
-    add(job.opt.lse, {B, H, job.seq_len}, lse.data(), B * H, 1);
+    add("--out", job.opt.out, qshape, o.data(), B, H * D);
+    add("--lse", job.opt.lse, {B, H, job.seq_len}, lse.data(), B * H, 1);
     if (job.backward) {
-      add(job.opt.dq, qshape, dq.data(), B, H * D);
-      add(job.opt.dk, kshape, dk.data(), B, Hkv * D);
-      add(job.opt.dv, kshape, dv.data(), B, Hkv * D);
+      add("--dq", job.opt.dq, qshape, dq.data(), B, H * D);
+      add("--dk", job.opt.dk, kshape, dk.data(), B, Hkv * D);
+      add("--dv", job.opt.dv, kshape, dv.data(), B, Hkv * D);
     }
-    if (!files.empty()) write_outputs(comm, files);
+    if (!files.empty()) write_outputs(comm, files, [&] { test_hook.at_write(); });
   }
 
   if (rank == 0) {

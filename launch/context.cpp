@@ -9,11 +9,17 @@
 #include <cstring>
 
 #include "runtime/errors.hpp"
+#include "runtime/temp_files.hpp"
 
 namespace ringattn {
 
 void write_text_file(const std::string& path, const std::string& label, const std::string& text) {
   const std::string temp = path + ".tmp-" + std::to_string(getpid());
+  temp_files::add(temp);  // removed by a fatal signal (launch/main.cpp) until renamed
+  struct Forget {
+    const std::string& path;
+    ~Forget() { temp_files::forget(path); }
+  } forget{temp};
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw UsageError(label + " " + path + ": cannot create (" + std::strerror(errno) + ")");
   size_t done = 0;

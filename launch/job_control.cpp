@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <vector>
 
 #include "runtime/errors.hpp"
@@ -15,6 +16,12 @@ int exit_code_of(const std::exception& e) {
   if (dynamic_cast<const UsageError*>(&e)) return kExitUsage;
   if (dynamic_cast<const CheckFailure*>(&e)) return kExitCheckFailed;
   return kExitFault;  // comm::CommError, RuntimeFault, bad_alloc, anything unexpected
+}
+
+std::string message_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return std::string("out of memory: an allocation failed (") + e.what() + ")";
+  return e.what();
 }
 
 void print_error(const std::string& message) {
@@ -31,7 +38,7 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase) 
     code = e.code();  // reported already (nested phase)
   } catch (const std::exception& e) {
     code = exit_code_of(e);
-    message = e.what();
+    message = message_of(e);
   }
   int worst = code;
   comm.allreduce(&worst, 1, comm::DataType::i32, comm::ReduceOp::max);
@@ -63,10 +70,12 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase) 
 
 void fail_now(comm::Communicator& comm, const std::exception& e) {
   const int code = exit_code_of(e);
-  if (comm.size() > 1)
-    print_error("rank " + std::to_string(comm.rank()) + ": " + e.what());
+  const std::string message = message_of(e), rank = "rank " + std::to_string(comm.rank());
+  // Communication errors name the rank already ("rank 3: timed out ...").
+  if (comm.size() > 1 && message.rfind(rank + ":", 0) != 0 && message.rfind(rank + " ", 0) != 0)
+    print_error(rank + ": " + message);
   else
-    print_error(e.what());
+    print_error(message);
   comm.abort(code);
   std::_Exit(code);  // not reached: abort() ends the process
 }

@@ -38,6 +38,9 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase);
 // with the exception's exit code.
 [[noreturn]] void fail_now(comm::Communicator& comm, const std::exception& e);
 
+// The text to report for an exception (out of memory is said in words).
+std::string message_of(const std::exception& e);
+
 // Prints an error line on stderr.
 void print_error(const std::string& message);
 

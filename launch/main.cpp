@@ -1,8 +1,20 @@
 // The ringattn command: `ringattn [attention] | layer | bench | plan [options]`, one process per
 // rank under mpirun (or alone as one rank). Owns MPI's lifetime and the one top-level handler
 // that turns any failure into the exit codes of SPEC.md on every rank.
+//
+// Signals. SIGINT, SIGTERM and SIGHUP end the process at once, whatever it is doing (computing,
+// waiting on a peer, writing): the handler removes the temporary output files this rank created
+// (runtime/temp_files.hpp), rank 0 prints one line, and the signal is raised again with its
+// default action, so the process dies of it (a shell sees 128 + signal: 130 for SIGINT, 143 for
+// SIGTERM). mpirun, given SIGINT or SIGTERM, sends SIGTERM to every rank, and it ends the job
+// (signalling every rank) when one dies of a signal, so no process is left; an output never
+// appears at its final path unless every rank finished it. SIGXFSZ is ignored, so that a write beyond the file size
+// limit (ulimit -f) fails with EFBIG and is reported (exit code 4) instead of killing the rank.
 #include <mpi.h>
+#include <pthread.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -15,7 +27,9 @@
 #include "launch/context.hpp"
 #include "launch/job_control.hpp"
 #include "launch/layer_job.hpp"
+#include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/temp_files.hpp"
 
 namespace {
 
@@ -25,7 +39,69 @@ int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "attention") return ringattn::run_attention(ctx);
   if (command == "layer") return ringattn::run_layer(ctx);
   if (command == "bench") return ringattn::run_bench(ctx);
-  throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
+  // Every rank has the same command (agree_on_subcommand): refuse it together, reported once.
+  ringattn::agreed_phase(ctx.world, [&] {
+    throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
+  });
+  return ringattn::kExitUsage;
+}
+
+// ---- signals (see the top of this file) ----
+
+pthread_t main_thread;
+const char* signal_who = "";  // "rank 0 ", or "" for a job of one rank; only rank 0 reports
+bool signal_reports = true;
+
+void write_stderr(const char* text) {
+  for (size_t left = std::strlen(text); left > 0;) {
+    const ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n, left -= static_cast<size_t>(n);
+  }
+}
+
+// Async-signal-safe: atomics, unlink, write, sigaction, raise, pthread_self/pthread_kill.
+extern "C" void on_terminating_signal(int sig) {
+  // The main thread registers the temporary files; run there, so none is half-registered.
+  if (!pthread_equal(pthread_self(), main_thread)) {
+    pthread_kill(main_thread, sig);
+    return;
+  }
+  const int removed = ringattn::temp_files::remove_all();
+  if (signal_reports) {
+    // mpirun forwards the user's signal, and also sends SIGTERM when it ends a job after a
+    // rank failed (whose message came first): the line says what happened, not why.
+    write_stderr("ringattn: ");
+    write_stderr(signal_who);
+    write_stderr(sig == SIGINT ? "got SIGINT" : sig == SIGTERM ? "got SIGTERM" : "got SIGHUP");
+    write_stderr(removed ? ": ending the job; its unfinished outputs were removed\n" : ": ending the job\n");
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);  // delivered when this handler returns: the process dies of the signal
+}
+
+void install_signal_handlers(int rank, int ranks) {
+  main_thread = pthread_self();
+  signal_who = ranks > 1 ? "rank 0 " : "";
+  signal_reports = rank == 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_terminating_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
+// Every rank must run the same subcommand: rank 0's is compared on every rank.
+void agree_on_subcommand(ringattn::comm::Communicator& world, const std::string& command) {
+  ringattn::agreed_phase(world, [&] {
+    if (auto d = ringattn::differs_from_rank0(world, "subcommand=" + command + "\n"))
+      throw ringattn::UsageError("the ranks were started with different subcommands: '" + d->on_rank0 +
+                                 "' on rank 0 but '" + d->here + "' on rank " + std::to_string(world.rank()));
+  });
 }
 
 }  // namespace
@@ -38,6 +114,7 @@ int main(int argc, char** argv) {
     return ringattn::kExitFault;
   }
   std::unique_ptr<ringattn::comm::Communicator> world = ringattn::comm::make_mpi_communicator(MPI_COMM_WORLD);
+  install_signal_handlers(world->rank(), world->size());
 
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -57,6 +134,7 @@ int main(int argc, char** argv) {
 
   int code = ringattn::kExitOk;
   try {
+    agree_on_subcommand(*world, command);
     code = dispatch(ctx, command);
   } catch (const ringattn::JobFailed& e) {
     code = e.code();  // agreed by every rank and reported once

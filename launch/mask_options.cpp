@@ -1,5 +1,6 @@
 #include "launch/mask_options.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "runtime/errors.hpp"
@@ -50,8 +51,9 @@ Mask build_mask(const MaskOptions& m, int64_t L, uint64_t seed) {
     const auto w = parse_int_list(m.window, "--window", 2);
     for (int64_t x : w)
       if (x < -1) throw UsageError("--window " + m.window + ": sides must be >= 0, or -1 for unbounded");
-    mask.window_left = w[0];
-    mask.window_right = w[1];
+    // A side longer than the sequence reaches every key, as L does; the kernels' i + RIGHT must not overflow.
+    mask.window_left = std::min(w[0], L);
+    mask.window_right = std::min(w[1], L);
   }
   if (!m.doc_lens.empty()) {
     std::vector<int64_t> lens;
@@ -64,18 +66,19 @@ Mask build_mask(const MaskOptions& m, int64_t L, uint64_t seed) {
     }
     int64_t sum = 0;
     for (int64_t n : lens) {
-      if (n < 0) throw UsageError("--doc-lens: document lengths must not be negative");
-      sum += n;
+      if (n < 0) throw UsageError("--doc-lens " + m.doc_lens + ": document lengths must not be negative");
+      if (__builtin_add_overflow(sum, n, &sum))
+        throw UsageError("--doc-lens " + m.doc_lens + ": the document lengths overflow 64 bits");
     }
     if (sum != L)
-      throw UsageError("--doc-lens: document lengths sum to " + std::to_string(sum) + " but the sequence length is " +
-                       std::to_string(L));
+      throw UsageError("--doc-lens " + m.doc_lens + ": document lengths sum to " + std::to_string(sum) +
+                       " but the sequence length is " + std::to_string(L));
     mask.set_documents(lens);
   }
   if (!m.block_mask.empty() && !m.bigbird.empty())
     throw UsageError("--block-mask and --bigbird both give a block mask: use one");
   if (m.mask_block < 1) throw UsageError("--mask-block " + std::to_string(m.mask_block) + ": must be positive");
-  const int64_t n = (L + m.mask_block - 1) / m.mask_block;
+  const int64_t n = L / m.mask_block + (L % m.mask_block != 0);
   if (!m.block_mask.empty()) {
     std::vector<int64_t> shape;
     std::vector<uint8_t> bm = read_npy_u8(m.block_mask, "--block-mask", &shape);
@@ -90,7 +93,9 @@ Mask build_mask(const MaskOptions& m, int64_t L, uint64_t seed) {
     const auto g = parse_int_list(m.bigbird, "--bigbird", 3);
     for (int64_t x : g)
       if (x < 0) throw UsageError("--bigbird " + m.bigbird + ": GLOBAL, WINDOW and RANDOM must be >= 0");
-    mask.set_block_mask(bigbird_block_mask(n, g[0], g[1], g[2], seed), n, m.mask_block);
+    // Counts beyond the number of blocks mean "all of them" (and keep r + WINDOW from overflowing).
+    mask.set_block_mask(bigbird_block_mask(n, std::min(g[0], n), std::min(g[1], n), std::min(g[2], n), seed), n,
+                        m.mask_block);
     mask.block_mask_origin = "bigbird(" + m.bigbird + ")";
   }
   if (!m.dump_block_mask.empty() && !mask.has_block_mask())

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,9 @@ struct OutputRows {
 
 // Writes every file in agreed phases (collective, same list on every rank): rank 0 creates them,
 // every rank writes its rows and flushes, then rank 0 renames them into place. A failure on any
-// rank ends every rank with JobFailed and leaves no file at a final path.
-void write_outputs(comm::Communicator& comm, const std::vector<OutputRows>& files);
+// rank ends every rank with JobFailed and leaves no file at a final path. `after_write` runs on
+// every rank once its rows are on disk, before the renames (the tests' hook, launch/test_hook).
+void write_outputs(comm::Communicator& comm, const std::vector<OutputRows>& files,
+                   const std::function<void()>& after_write = {});
 
 }  // namespace ringattn

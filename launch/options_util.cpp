@@ -20,6 +20,14 @@ po::variables_map parse_options(const po::options_description& desc, const std::
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see ringattn " + command + " --help)");
   }
+  // An empty value (--out "$UNSET") would read as "not given" and be silently ignored.
+  for (const auto& [name, value] : vm) {
+    const po::option_description* option = desc.find_nothrow(name, false);
+    const bool takes_value = option && option->semantic()->max_tokens() > 0;  // not a flag such as --help
+    if (const auto* text = boost::any_cast<std::string>(&value.value());
+        takes_value && text && text->empty() && !value.defaulted())
+      throw UsageError("--" + name + " is given an empty value (see ringattn " + command + " --help)");
+  }
   return vm;
 }
 
@@ -57,34 +65,44 @@ std::string canonical_options(const po::variables_map& vm) {
   return out;
 }
 
-void agree_on_options(comm::Communicator& comm, const std::string& canonical) {
-  uint64_t size = canonical.size();
+std::optional<Difference> differs_from_rank0(comm::Communicator& comm, const std::string& lines) {
+  uint64_t size = lines.size();
   comm.broadcast(&size, sizeof size, 0);
   std::string root(size, '\0');
-  if (comm.rank() == 0) root = canonical;
+  if (comm.rank() == 0) root = lines;
   comm.broadcast(root.data(), size, 0);
-  if (root == canonical) return;
-  auto lines = [](const std::string& text) {
+  if (root == lines) return std::nullopt;
+  auto parse = [](const std::string& text) {
     std::map<std::string, std::string> m;
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
       const size_t eq = line.find('=');
-      m[line.substr(0, eq)] = line.substr(eq + 1);
+      m[line.substr(0, eq)] = eq == std::string::npos ? "" : line.substr(eq + 1);
     }
     return m;
   };
-  const auto mine = lines(canonical), theirs = lines(root);
+  const auto mine = parse(lines), theirs = parse(root);
   for (const auto& [name, value] : theirs) {
     auto it = mine.find(name);
     const std::string here = it == mine.end() ? "(not given)" : it->second;
-    if (here != value)
-      throw UsageError("the ranks were started with different options: --" + name + " is '" + value +
-                       "' on rank 0 but '" + here + "' on rank " + std::to_string(comm.rank()));
+    if (here != value) return Difference{name, value, here};
   }
   for (const auto& [name, value] : mine)
-    if (!theirs.count(name))
-      throw UsageError("the ranks were started with different options: --" + name + " is given on rank " +
-                       std::to_string(comm.rank()) + " but not on rank 0");
+    if (!theirs.count(name)) return Difference{name, "(not given)", value};
+  return Difference{"(order)", root, lines};  // same lines, another order: not from canonical_options
+}
+
+void agree_on_options(comm::Communicator& comm, const std::string& canonical) {
+  const std::optional<Difference> d = differs_from_rank0(comm, canonical);
+  if (!d) return;
+  const std::string rank = std::to_string(comm.rank());
+  if (d->on_rank0 == "(not given)")
+    throw UsageError("the ranks were started with different options: --" + d->name + " is given on rank " + rank +
+                     " but not on rank 0");
+  if (d->here == "(not given)")
+    throw UsageError("the ranks were started with different options: --" + d->name + " is given on rank 0 but not on rank " + rank);
+  throw UsageError("the ranks were started with different options: --" + d->name + " is '" + d->on_rank0 +
+                   "' on rank 0 but '" + d->here + "' on rank " + rank);
 }
 
 }  // namespace ringattn

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,8 @@
 
 namespace ringattn {
 
-// Parses args against desc (no positional arguments); unknown options and bad values become
-// UsageError with Boost's message and a pointer to --help.
+// Parses args against desc (no positional arguments); unknown options, bad values and empty
+// strings become UsageError with the option's name and a pointer to --help.
 boost::program_options::variables_map parse_options(const boost::program_options::options_description& desc,
                                                     const std::vector<std::string>& args,
                                                     const std::string& command);
@@ -29,6 +30,13 @@ DType parse_dtype_option(const std::string& name);
 
 // --layout, or its default when empty: zigzag when causal (balances causal work), else contiguous.
 LayoutKind layout_option(const std::string& name, bool causal);
+
+// The first "name=value" line where this rank's `lines` differ from rank 0's (collective: rank 0
+// broadcasts its lines). A name missing on one side reads "(not given)".
+struct Difference {
+  std::string name, on_rank0, here;
+};
+std::optional<Difference> differs_from_rank0(comm::Communicator& comm, const std::string& lines);
 
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {

@@ -20,6 +20,7 @@
 
 #include "runtime/errors.hpp"
 #include "runtime/npy_file.hpp"
+#include "runtime/temp_files.hpp"
 
 namespace ringattn {
 
@@ -226,9 +227,11 @@ NpyOutput NpyOutput::create_as(const std::string& descr, const std::string& path
   char suffix[64];
   std::snprintf(suffix, sizeof suffix, ".tmp-%08x%08x-%d", entropy(), entropy(), static_cast<int>(::getpid()));
   out.temp_path_ = path + suffix;
+  temp_files::add(out.temp_path_);  // before it exists, so that a signal never misses it
   out.fd_ = ::open(out.temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (out.fd_ < 0) {
     const int e = errno;
+    temp_files::forget(out.temp_path_);
     const std::string msg = where + "cannot create " + out.temp_path_ + ": " + std::strerror(e);
     if (is_usage_errno(e)) throw UsageError(msg);
     throw RuntimeFault(msg);
@@ -295,7 +298,10 @@ NpyOutput::~NpyOutput() { release(); }
 
 void NpyOutput::release() {
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  if (std::exchange(owner_, false) && !committed_) ::unlink(temp_path_.c_str());
+  if (std::exchange(owner_, false) && !committed_) {
+    ::unlink(temp_path_.c_str());
+    temp_files::forget(temp_path_);
+  }
 }
 
 std::string NpyOutput::where() const { return where_of(label_, path_) + "(writing " + temp_path_ + ") "; }
@@ -329,12 +335,16 @@ void NpyOutput::commit() {
     throw;
   }
   committed_ = true;
+  temp_files::forget(temp_path_);
   sync_directory_of(path_);
 }
 
 void NpyOutput::discard() {
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
+  if (!committed_ && !temp_path_.empty()) {
+    ::unlink(temp_path_.c_str());
+    temp_files::forget(temp_path_);
+  }
 }
 
 void write_npy_whole(const std::string& path, const std::string& label, const std::string& descr,

@@ -1,0 +1,68 @@
+// The options of `ringattn attention` and the job they describe, resolved and validated: every
+// bad value, bad input file and unsupported combination is refused here with a UsageError that
+// names the option or file (SPEC.md "Exit codes"), before any data moves.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kernels/attention_cpu.hpp"
+#include "launch/context.hpp"
+#include "launch/mask_options.hpp"
+#include "runtime/mask.hpp"
+#include "runtime/npy.hpp"
+#include "runtime/ring_plan.hpp"
+#include "runtime/shard_layout.hpp"
+
+namespace ringattn {
+
+struct Options {
+  std::string q, k, v, dout;
+  std::string out, lse, dq, dk, dv;
+  int64_t seq_len = 8192, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
+  uint64_t seed = 0;
+  double scale = 0.0;
+  bool backward = false;
+  MaskOptions mask;
+  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
+  int threads = 0, iters = 1, warmup = 0;
+  bool check = false;
+  int check_rows = 16;
+  bool check_finite = false, no_check_finite = false;
+  std::string json;
+  double timeout = 300.0;
+  bool progress = false;
+  double emulate_bandwidth = 0.0, emulate_latency = 0.0;
+};
+
+// Every option, with its default, bound to `o`.
+boost::program_options::options_description describe_attention_options(Options& o);
+
+// Everything the job needs, resolved and validated.
+struct Job {
+  Options opt;
+  kernels::AttentionDims dims;
+  int64_t seq_len = 0;
+  bool files = false;
+  bool backward = false;
+  LayoutKind layout = LayoutKind::contiguous;
+  Schedule schedule = Schedule::direct;
+  DType dtype = DType::f32;
+  int threads = 1;
+  std::optional<NpyInfo> q_info, k_info, v_info, dout_info;
+};
+
+// Validates the options and inspects the input files' headers (reading no data). Throws
+// UsageError naming the option or file.
+Job resolve_attention_job(const Options& o, const boost::program_options::variables_map& vm, const LaunchContext& ctx);
+
+// Shape (B, L, heads, D) of a Q/K/V/dO file: 4-D, or 3-D with B = 1.
+std::vector<int64_t> as_bshd(const NpyInfo& info);
+
+// What every rank must agree on beyond its options ("name=value" lines): the shapes and dtypes
+// it read from the files and a digest of its mask.
+std::string resolved_lines(const Job& job, const Mask& mask);
+
+}  // namespace ringattn
