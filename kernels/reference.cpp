@@ -27,7 +27,8 @@ void score_row(const AttentionDims& dims, const float* qi, int64_t qpos, const f
 
 template <class T>
 void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
-                  const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask, T* o, T* lse) {
+                  const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask, T* o, T* lse,
+                  double* max_abs_score = nullptr) {
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<size_t>(k_rows));
@@ -39,7 +40,10 @@ void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_po
         T* oi = o + ((b * q_rows + i) * H + h) * D;
         score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
         T m = neg_inf;
-        for (int64_t j = 0; j < k_rows; ++j) m = std::max(m, s[j]);
+        for (int64_t j = 0; j < k_rows; ++j) {
+          m = std::max(m, s[j]);
+          if (max_abs_score && s[j] != neg_inf) *max_abs_score = std::max(*max_abs_score, double(std::abs(s[j])));
+        }
         for (int64_t d = 0; d < D; ++d) oi[d] = 0;
         if (m == neg_inf) {
           lse[(b * H + h) * q_rows + i] = neg_inf;
@@ -61,7 +65,8 @@ void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_po
 template <class T>
 void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
                    const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout, const T* lse,
-                   const T* delta, const MaskView& mask, T* dq, T* dk, T* dv) {
+                   const T* delta, const MaskView& mask, T* dq, T* dk, T* dv,
+                   const GradientMagnitudes* magnitude = nullptr) {
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
   const T scale = dims.scale;
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -92,6 +97,15 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
             dkj[d] += ds * T(qi[d]);
             dvj[d] += p * T(doi[d]);
           }
+          if (magnitude) {
+            const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));
+            const int64_t qe = ((b * q_rows + i) * H + h) * D, ke = ((b * k_rows + j) * Hkv + kvh) * D;
+            for (int64_t d = 0; d < D; ++d) {
+              if (magnitude->dq) magnitude->dq[qe + d] += ds_abs * std::abs(double(kj[d]));
+              if (magnitude->dk) magnitude->dk[ke + d] += ds_abs * std::abs(double(qi[d]));
+              if (magnitude->dv) magnitude->dv[ke + d] += double(p) * std::abs(double(doi[d]));
+            }
+          }
         }
       }
 }
@@ -100,15 +114,16 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
 
 void reference_forward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
-                       double* o, double* lse) {
-  forward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse);
+                       double* o, double* lse, double* max_abs_score) {
+  if (max_abs_score) *max_abs_score = 0.0;
+  forward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse, max_abs_score);
 }
 
 void reference_backward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                         const double* lse, const double* delta, const MaskView& mask, double* dq, double* dk,
-                        double* dv) {
-  backward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv);
+                        double* dv, const GradientMagnitudes* magnitude) {
+  backward_impl<double>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv, magnitude);
 }
 
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,

@@ -11,17 +11,28 @@
 namespace ringattn::kernels {
 
 // O (B, rows_q, H, D) and LSE (B, H, rows_q) of the queries against the given keys only
-// (a partial state: LSE = -inf and O = 0 for rows that see none of them).
+// (a partial state: LSE = -inf and O = 0 for rows that see none of them). When given,
+// *max_abs_score receives the largest |scaled score| of a visible pair (it sets how much fp32
+// rounding of the scores any implementation must show).
 void reference_forward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                        const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
-                       double* o, double* lse);
+                       double* o, double* lse, double* max_abs_score = nullptr);
 
 // Adds the gradients through the given keys, using the queries' full-softmax LSE and
 // delta = rowsum(dO * O): dq (B, rows_q, H, D), dk and dv (B, rows_k, Hkv, D).
+// When `magnitude` is given, its dq/dk/dv (same shapes, may be null) receive the sums of the
+// absolute values of the terms, with |dP| + |delta| in place of dP - delta: the scale against
+// which rounding errors of any implementation must be judged (a gradient that cancels to ~0
+// still carries the rounding of its terms).
+struct GradientMagnitudes {
+  double* dq = nullptr;
+  double* dk = nullptr;
+  double* dv = nullptr;
+};
 void reference_backward(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                         const double* lse, const double* delta, const MaskView& mask, double* dq, double* dk,
-                        double* dv);
+                        double* dv, const GradientMagnitudes* magnitude = nullptr);
 
 // The same computation in plain fp32 (scores, softmax, products in float): the "same precision
 // reference" whose error against fp64 sets the tolerance of the kernel tests, FlashAttention style.
