@@ -154,14 +154,9 @@ int run_attention(LaunchContext& ctx) {
   // ranks compare it like any other (one rank without options and one with is a difference).
   std::vector<std::string> args = ctx.args;
   if (args.empty()) args = {"--causal", "--backward", "--check"};
-  // Parse, agree, then validate: each its own agreed phase, so that every rank takes part in
-  // every collective even when its own command line is the one that fails.
-  po::variables_map vm;
-  agreed_phase(comm, [&] {
-    vm = parse_options(desc, args, "attention");
-    test_hook = TestHook::from_environment(rank);
-  });
-  agreed_phase(comm, [&] { agree_on_options(comm, canonical_options(vm)); });
+  // Parse, agree, then validate: each its own agreed phase.
+  const po::variables_map vm = parse_and_agree(comm, desc, args, "attention");
+  agreed_phase(comm, [&] { test_hook = TestHook::from_environment(rank); });
   const bool help = vm.count("help") > 0;
   if (!help) {
     agreed_phase(comm, [&] { job = resolve_attention_job(opts, vm, ctx); });

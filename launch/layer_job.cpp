@@ -237,16 +237,10 @@ int run_layer(LaunchContext& ctx) {
   Options opts;
   const po::options_description desc = describe(opts);
   LayerJob job;
-  bool help = false;
-  agreed_phase(comm, [&] {
-    const po::variables_map vm = parse_options(desc, ctx.args, "layer");
-    if (vm.count("help")) {
-      help = true;
-      return;
-    }
-    agree_on_options(comm, canonical_options(vm));
-    job = resolve(opts, vm, ctx);
-  });
+  // Parse, agree, then validate: each its own agreed phase.
+  const po::variables_map vm = parse_and_agree(comm, desc, ctx.args, "layer");
+  const bool help = vm.count("help") > 0;
+  if (!help) agreed_phase(comm, [&] { job = resolve(opts, vm, ctx); });
   if (help) {
     if (rank == 0)
       std::cout << "usage: ringattn layer [options]   (under mpirun -np P for P ranks)\n\n"

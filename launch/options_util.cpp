@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "launch/job_control.hpp"
 #include "runtime/errors.hpp"
 
 namespace po = boost::program_options;
@@ -103,6 +104,14 @@ void agree_on_options(comm::Communicator& comm, const std::string& canonical) {
     throw UsageError("the ranks were started with different options: --" + d->name + " is given on rank 0 but not on rank " + rank);
   throw UsageError("the ranks were started with different options: --" + d->name + " is '" + d->on_rank0 +
                    "' on rank 0 but '" + d->here + "' on rank " + rank);
+}
+
+po::variables_map parse_and_agree(comm::Communicator& comm, const po::options_description& desc,
+                                  const std::vector<std::string>& args, const std::string& command) {
+  po::variables_map vm;
+  agreed_phase(comm, [&] { vm = parse_options(desc, args, command); });
+  agreed_phase(comm, [&] { agree_on_options(comm, canonical_options(vm)); });
+  return vm;
 }
 
 }  // namespace ringattn

@@ -38,6 +38,13 @@ struct Difference {
 };
 std::optional<Difference> differs_from_rank0(comm::Communicator& comm, const std::string& lines);
 
+// Parses args on every rank, then compares them with rank 0's, each an agreed phase (see
+// job_control.hpp), so that every rank takes part in every collective even when its own command
+// line is the one that fails. Throws JobFailed (already reported) on any rank's error.
+boost::program_options::variables_map parse_and_agree(comm::Communicator& comm,
+                                                      const boost::program_options::options_description& desc,
+                                                      const std::vector<std::string>& args, const std::string& command);
+
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {
   return vm.count(name) && !vm[name].defaulted();
