@@ -1,0 +1,306 @@
+// Tensor-core backward pass (FlashAttention-2 recomputation from LSE and delta), in two
+// deterministic kernels instead of one kernel with atomic dQ updates:
+//
+//   dQ kernel:   CTA = 4 warps = 64 query rows of one (head, batch), as the forward pass.
+//                Per visible key block: S = Q K^T, dP = dO V^T, P = exp(S - LSE),
+//                dS = P (dP - delta), dQ += dS K (dS rounded to the input type).
+//   dK/dV kernel: CTA = 4 warps = 64 keys of one (kv head, batch); warp w owns keys 16w..16w+15
+//                and keeps their dK, dV in registers. Per visible tile of 32 query rows (of every
+//                query head of the group): S^T = K Q^T, dP^T = V dO^T, P^T, dS^T as above,
+//                dV += P^T dO, dK += dS^T Q.
+//
+// Each output row is written by exactly one CTA, so results do not depend on scheduling; the
+// price is recomputing S and dP in both kernels (7 matrix products per tile pair instead of 5).
+// Rows that saw no key (LSE = -inf) get P = 0 and contribute nothing.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/params.cuh"
+#include "kernels/cuda/tile_plan.hpp"
+
+namespace ringattn::kernels::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kDqRows = 64;   // dQ kernel: query rows per CTA
+constexpr int kDqKeys = 64;   // dQ kernel: keys per block
+constexpr int kKvKeys = 64;   // dK/dV kernel: keys per CTA
+constexpr int kKvRows = 32;   // dK/dV kernel: query rows per tile
+
+template <int D>
+constexpr size_t dq_smem() {
+  return sizeof(uint16_t) * size_t(2 * kDqRows + 2 * kDqKeys) * (D + 8) + sizeof(int64_t) * kDqKeys +
+         sizeof(RowMask) * kDqRows + 2 * sizeof(float) * kDqRows;
+}
+
+template <int D>
+constexpr size_t dkdv_smem() {
+  return sizeof(uint16_t) * size_t(2 * kKvKeys + 2 * kKvRows) * (D + 8) + sizeof(int64_t) * kKvKeys +
+         sizeof(RowMask) * kKvRows + 2 * sizeof(float) * kKvRows;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
+  constexpr int LD = D + 8;
+  constexpr int NT = kDqKeys / 8;
+  constexpr int DT = D / 8;
+  constexpr int KC = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kDqRows][LD]
+  uint16_t* dos = qs + kDqRows * LD;                  // [kDqRows][LD]
+  uint16_t* ks = dos + kDqRows * LD;                  // [kDqKeys][LD]
+  uint16_t* vs = ks + kDqKeys * LD;                   // [kDqKeys][LD]
+  int64_t* kpos = reinterpret_cast<int64_t*>(vs + kDqKeys * LD);
+  RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kDqKeys);
+  float* lse2 = reinterpret_cast<float*>(rmask + kDqRows);
+  float* dlt = lse2 + kDqRows;
+
+  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
+  const RowSpan qspan = row_span(p.q_pos, p.q_rows, kDqRows, tile);
+  const TileRange blocks = key_blocks_for_queries(p.mask, qspan, p.k_pos, p.k_rows, kDqKeys);
+  bool any = false;
+  for (int64_t kb = blocks.first; kb < blocks.last && !any; ++kb)
+    any = classify_tile(p.mask, qspan, row_span(p.k_pos, p.k_rows, kDqKeys, kb)) != TileKind::empty;
+  if (!any) return;
+
+  const int64_t qrow0 = b * p.q_rows + qspan.row0;
+  load_rows_to_shared<D>(qs, LD, kDqRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
+  load_rows_to_shared<D>(dos, LD, kDqRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
+  for (int r = tid; r < kDqRows; r += kThreads) {
+    const bool valid = r < qspan.count;
+    const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
+    rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
+    lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
+    dlt[r] = valid ? p.delta[at] : 0.0f;
+  }
+
+  const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
+  float dq[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+
+  const float scale_log2 = p.scale * kLog2e;
+  for (int64_t kb = blocks.first; kb < blocks.last; ++kb) {
+    const RowSpan kspan = row_span(p.k_pos, p.k_rows, kDqKeys, kb);
+    const TileKind kind = classify_tile(p.mask, qspan, kspan);
+    if (kind == TileKind::empty) continue;
+    __syncthreads();  // (also orders the query-tile loads above before first use)
+    load_rows_to_shared<D>(ks, LD, kDqKeys, p.k, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
+    load_rows_to_shared<D>(vs, LD, kDqKeys, p.v, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
+    for (int j = tid; j < kDqKeys; j += kThreads) kpos[j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
+    __syncthreads();
+
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t qa[4], da[4];
+      load_a(qs, LD, warp * 16, kc * 16, lane, qa);
+      load_a(dos, LD, warp * 16, kc * 16, lane, da);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bk[2], bv[2];
+        load_b_transposed(ks, LD, nt * 8, kc * 16, lane, bk);
+        load_b_transposed(vs, LD, nt * 8, kc * 16, lane, bv);
+        MmaElement<T>::mma(s[nt], qa, bk);
+        MmaElement<T>::mma(dp[nt], da, bv);
+      }
+    }
+    // dS = P (dP - delta), into s.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * quad_lane + (e & 1);
+        const int r = rows[e >> 1];
+        bool ok = col < kspan.count;
+        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[r], kpos[col]);
+        const float pr = ok ? exp2f(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
+        s[nt][e] = pr * (dp[nt][e] - dlt[r]);
+      }
+    // dQ += dS K
+#pragma unroll
+    for (int kc = 0; kc < kDqKeys / 16; ++kc) {
+      uint32_t a[4];
+      accumulators_to_a<T>(s[2 * kc], s[2 * kc + 1], a);
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        uint32_t bk[2];
+        load_b(ks, LD, kc * 16, dt * 8, lane, bk);
+        MmaElement<T>::mma(dq[dt], a, bk);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (rows[rr] >= qspan.count) continue;
+    float* out = p.dq + ((qrow0 + rows[rr]) * p.heads + h) * D + 2 * quad_lane;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      float2 x = *reinterpret_cast<float2*>(out + dt * 8);
+      x.x += p.scale * dq[dt][2 * rr];
+      x.y += p.scale * dq[dt][2 * rr + 1];
+      *reinterpret_cast<float2*>(out + dt * 8) = x;
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
+  constexpr int LD = D + 8;
+  constexpr int NT = kKvRows / 8;  // query n-tiles
+  constexpr int DT = D / 8;
+  constexpr int KC = D / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem);  // [kKvKeys][LD]
+  uint16_t* vs = ks + kKvKeys * LD;                   // [kKvKeys][LD]
+  uint16_t* qs = vs + kKvKeys * LD;                   // [kKvRows][LD]
+  uint16_t* dos = qs + kKvRows * LD;                  // [kKvRows][LD]
+  int64_t* kpos = reinterpret_cast<int64_t*>(dos + kKvRows * LD);
+  RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kKvKeys);
+  float* lse2 = reinterpret_cast<float*>(rmask + kKvRows);
+  float* dlt = lse2 + kKvRows;
+
+  const int64_t kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
+  const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKvKeys, kb);
+  const TileRange tiles = query_tiles_for_keys(p.mask, kspan, p.q_pos, p.q_rows, kKvRows);
+  bool any = false;
+  for (int64_t qt = tiles.first; qt < tiles.last && !any; ++qt)
+    any = classify_tile(p.mask, row_span(p.q_pos, p.q_rows, kKvRows, qt), kspan) != TileKind::empty;
+  if (!any) return;
+
+  const int64_t krow0 = b * p.k_rows + kspan.row0;
+  load_rows_to_shared<D>(ks, LD, kKvKeys, p.k, krow0, kspan.count, p.kv_heads, kvh, tid, kThreads);
+  load_rows_to_shared<D>(vs, LD, kKvKeys, p.v, krow0, kspan.count, p.kv_heads, kvh, tid, kThreads);
+  for (int j = tid; j < kKvKeys; j += kThreads) kpos[j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
+
+  const int keys[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};  // this thread's accumulator rows
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+
+  const float scale_log2 = p.scale * kLog2e;
+  for (int64_t g = 0; g < p.group(); ++g) {
+    const int64_t h = kvh * p.group() + g;
+    for (int64_t qt = tiles.first; qt < tiles.last; ++qt) {
+      const RowSpan qspan = row_span(p.q_pos, p.q_rows, kKvRows, qt);
+      const TileKind kind = classify_tile(p.mask, qspan, kspan);
+      if (kind == TileKind::empty) continue;
+      __syncthreads();  // the previous tile is no longer read
+      const int64_t qrow0 = b * p.q_rows + qspan.row0;
+      load_rows_to_shared<D>(qs, LD, kKvRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
+      load_rows_to_shared<D>(dos, LD, kKvRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
+      for (int r = tid; r < kKvRows; r += kThreads) {
+        const bool valid = r < qspan.count;
+        const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
+        rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
+        lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
+        dlt[r] = valid ? p.delta[at] : 0.0f;
+      }
+      __syncthreads();
+
+      float st[NT][4], dpt[NT][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KC; ++kc) {
+        uint32_t ka[4], va[4];
+        load_a(ks, LD, warp * 16, kc * 16, lane, ka);
+        load_a(vs, LD, warp * 16, kc * 16, lane, va);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bq[2], bd[2];
+          load_b_transposed(qs, LD, nt * 8, kc * 16, lane, bq);
+          load_b_transposed(dos, LD, nt * 8, kc * 16, lane, bd);
+          MmaElement<T>::mma(st[nt], ka, bq);
+          MmaElement<T>::mma(dpt[nt], va, bd);
+        }
+      }
+      // P^T into st, dS^T into dpt.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = keys[e >> 1];
+          const int col = nt * 8 + 2 * quad_lane + (e & 1);  // query within the tile
+          bool ok = key < kspan.count && col < qspan.count;
+          if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[col], kpos[key]);
+          const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
+          st[nt][e] = pr;
+          dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
+        }
+      // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+      for (int kc = 0; kc < kKvRows / 16; ++kc) {
+        uint32_t pa[4], sa[4];
+        accumulators_to_a<T>(st[2 * kc], st[2 * kc + 1], pa);
+        accumulators_to_a<T>(dpt[2 * kc], dpt[2 * kc + 1], sa);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          uint32_t bd[2], bq[2];
+          load_b(dos, LD, kc * 16, dt * 8, lane, bd);
+          load_b(qs, LD, kc * 16, dt * 8, lane, bq);
+          MmaElement<T>::mma(dv[dt], pa, bd);
+          MmaElement<T>::mma(dk[dt], sa, bq);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (keys[rr] >= kspan.count) continue;
+    const int64_t at = ((krow0 + keys[rr]) * p.kv_heads + kvh) * D + 2 * quad_lane;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      float2 x = *reinterpret_cast<float2*>(p.dk + at + dt * 8);
+      x.x += p.scale * dk[dt][2 * rr];
+      x.y += p.scale * dk[dt][2 * rr + 1];
+      *reinterpret_cast<float2*>(p.dk + at + dt * 8) = x;
+      float2 y = *reinterpret_cast<float2*>(p.dv + at + dt * 8);
+      y.x += dv[dt][2 * rr];
+      y.y += dv[dt][2 * rr + 1];
+      *reinterpret_cast<float2*>(p.dv + at + dt * 8) = y;
+    }
+  }
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <class T, int D>
+void launch(const AttentionParams& p, cudaStream_t stream) {
+  const int64_t tiles = tile_count(p.q_rows, kDqRows);
+  check_grid(tiles, p.heads, p.batch, "cuda_attention_backward");
+  allow_smem(dq_kernel<T, D>, dq_smem<D>());
+  launch_kernel(dq_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, dq_smem<D>(), stream, p);
+  RINGATTN_CUDA_CHECK_LAUNCH("backward_tensor_core dq");
+
+  const int64_t blocks = tile_count(p.k_rows, kKvKeys);
+  check_grid(blocks, p.kv_heads, p.batch, "cuda_attention_backward");
+  allow_smem(dkdv_kernel<T, D>, dkdv_smem<D>());
+  launch_kernel(dkdv_kernel<T, D>, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), kThreads, dkdv_smem<D>(), stream, p);
+  RINGATTN_CUDA_CHECK_LAUNCH("backward_tensor_core dkdv");
+}
+
+}  // namespace
+
+void backward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
+  const bool bf16 = p.type == ElementType::bf16;
+  if (p.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+  else bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+}
+
+}  // namespace ringattn::kernels::gpu
