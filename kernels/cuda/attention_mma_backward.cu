@@ -15,6 +15,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
+#include "kernels/cuda/row_statistics.cuh"
 #include "kernels/cuda/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
@@ -66,13 +67,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   const int64_t qrow0 = b * p.q_rows + qspan.row0;
   load_rows_to_shared<D>(qs, LD, kDqRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
   load_rows_to_shared<D>(dos, LD, kDqRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
-  for (int r = tid; r < kDqRows; r += kThreads) {
-    const bool valid = r < qspan.count;
-    const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
-    rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
-    lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
-    dlt[r] = valid ? p.delta[at] : 0.0f;
-  }
+  load_row_statistics(p, qspan, b, h, kDqRows, rmask, lse2, dlt, tid, kThreads);
 
   const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
   float dq[DT][4];
@@ -91,24 +86,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
     __syncthreads();
 
     float s[NT][4], dp[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      uint32_t qa[4], da[4];
-      load_a(qs, LD, warp * 16, kc * 16, lane, qa);
-      load_a(dos, LD, warp * 16, kc * 16, lane, da);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bk[2], bv[2];
-        load_b_transposed(ks, LD, nt * 8, kc * 16, lane, bk);
-        load_b_transposed(vs, LD, nt * 8, kc * 16, lane, bv);
-        MmaElement<T>::mma(s[nt], qa, bk);
-        MmaElement<T>::mma(dp[nt], da, bv);
-      }
-    }
+    product_transposed<T, NT, KC>(qs, ks, LD, warp * 16, lane, s);    // S = Q K^T
+    product_transposed<T, NT, KC>(dos, vs, LD, warp * 16, lane, dp);  // dP = dO V^T
     // dS = P (dP - delta), into s.
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -121,18 +100,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
         const float pr = ok ? exp2f(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
         s[nt][e] = pr * (dp[nt][e] - dlt[r]);
       }
-    // dQ += dS K
-#pragma unroll
-    for (int kc = 0; kc < kDqKeys / 16; ++kc) {
-      uint32_t a[4];
-      accumulators_to_a<T>(s[2 * kc], s[2 * kc + 1], a);
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        uint32_t bk[2];
-        load_b(ks, LD, kc * 16, dt * 8, lane, bk);
-        MmaElement<T>::mma(dq[dt], a, bk);
-      }
-    }
+    accumulate_product<T, kDqKeys / 16, DT>(s, ks, LD, lane, dq);  // dQ += dS K
   }
 
 #pragma unroll
@@ -197,34 +165,12 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
       const int64_t qrow0 = b * p.q_rows + qspan.row0;
       load_rows_to_shared<D>(qs, LD, kKvRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
       load_rows_to_shared<D>(dos, LD, kKvRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
-      for (int r = tid; r < kKvRows; r += kThreads) {
-        const bool valid = r < qspan.count;
-        const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
-        rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
-        lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
-        dlt[r] = valid ? p.delta[at] : 0.0f;
-      }
+      load_row_statistics(p, qspan, b, h, kKvRows, rmask, lse2, dlt, tid, kThreads);
       __syncthreads();
 
       float st[NT][4], dpt[NT][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-        uint32_t ka[4], va[4];
-        load_a(ks, LD, warp * 16, kc * 16, lane, ka);
-        load_a(vs, LD, warp * 16, kc * 16, lane, va);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bq[2], bd[2];
-          load_b_transposed(qs, LD, nt * 8, kc * 16, lane, bq);
-          load_b_transposed(dos, LD, nt * 8, kc * 16, lane, bd);
-          MmaElement<T>::mma(st[nt], ka, bq);
-          MmaElement<T>::mma(dpt[nt], va, bd);
-        }
-      }
+      product_transposed<T, NT, KC>(ks, qs, LD, warp * 16, lane, st);
+      product_transposed<T, NT, KC>(vs, dos, LD, warp * 16, lane, dpt);
       // P^T into st, dS^T into dpt.
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -238,21 +184,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
           st[nt][e] = pr;
           dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
         }
-      // dV += P^T dO, dK += dS^T Q
-#pragma unroll
-      for (int kc = 0; kc < kKvRows / 16; ++kc) {
-        uint32_t pa[4], sa[4];
-        accumulators_to_a<T>(st[2 * kc], st[2 * kc + 1], pa);
-        accumulators_to_a<T>(dpt[2 * kc], dpt[2 * kc + 1], sa);
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          uint32_t bd[2], bq[2];
-          load_b(dos, LD, kc * 16, dt * 8, lane, bd);
-          load_b(qs, LD, kc * 16, dt * 8, lane, bq);
-          MmaElement<T>::mma(dv[dt], pa, bd);
-          MmaElement<T>::mma(dk[dt], sa, bq);
-        }
-      }
+      accumulate_product<T, kKvRows / 16, DT>(st, dos, LD, lane, dv);  // dV += P^T dO
+      accumulate_product<T, kKvRows / 16, DT>(dpt, qs, LD, lane, dk);  // dK += dS^T Q
     }
   }
 

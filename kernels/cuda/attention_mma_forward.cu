@@ -143,17 +143,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
     }
 
     // O += P V, P as the A operand straight from the score registers.
-#pragma unroll
-    for (int kc = 0; kc < kKeys / 16; ++kc) {
-      uint32_t pa[4];
-      accumulators_to_a<T>(s[2 * kc], s[2 * kc + 1], pa);
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        uint32_t bv[2];
-        load_b(vs, LD, kc * 16, dt * 8, lane, bv);
-        MmaElement<T>::mma(o[dt], pa, bv);
-      }
-    }
+    accumulate_product<T, kKeys / 16, DT>(s, vs, LD, lane, o);
   }
 
 #pragma unroll

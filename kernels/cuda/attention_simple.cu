@@ -10,6 +10,7 @@
 // Blocks the mask hides are skipped before any arithmetic (tile_plan.hpp).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/params.cuh"
+#include "kernels/cuda/row_statistics.cuh"
 #include "kernels/cuda/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
@@ -180,13 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32) dq_kernel(AttentionParams p) {
     qs[idx] = valid ? load_element(p.q, p.type, at) * scale_log2 : 0.0f;
     dos[idx] = valid ? load_element(p.dout, p.type, at) : 0.0f;
   }
-  for (int r = tid; r < kRows; r += blockDim.x) {
-    const bool valid = r < qspan.count;
-    const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
-    rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
-    lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
-    dlt[r] = valid ? p.delta[at] : 0.0f;
-  }
+  load_row_statistics(p, qspan, b, h, kRows, rmask, lse2, dlt, tid, blockDim.x);
 
   float acc[kRowsPerWarp][kChunks];
 #pragma unroll

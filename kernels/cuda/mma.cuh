@@ -107,6 +107,46 @@ __device__ __forceinline__ void accumulators_to_a(const float (&c0)[4], const fl
   a[3] = MmaElement<T>::pack(c1[2], c1[3]);
 }
 
+// Warp tile products used by every tensor-core kernel (KC k-chunks of 16, NT or DT n-tiles of 8).
+
+// c[nt] = A B^T for the warp's 16 rows of `a` (from row0) against rows nt*8.. of `b`, both
+// row-major tiles of 16 * KC columns (S = Q K^T, dP = dO V^T, and their transposes).
+template <class T, int NT, int KC>
+__device__ __forceinline__ void product_transposed(const uint16_t* a, const uint16_t* b, int ld, int row0, int lane,
+                                                   float (&c)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    uint32_t fa[4];
+    load_a(a, ld, row0, kc * 16, lane, fa);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t fb[2];
+      load_b_transposed(b, ld, nt * 8, kc * 16, lane, fb);
+      MmaElement<T>::mma(c[nt], fa, fb);
+    }
+  }
+}
+
+// out[dt] += P B: P is the warp's accumulator tiles (16 rows x 16 * KC columns, rounded to T),
+// B the row-major tile whose row k matches P's column k (O += P V, dQ += dS K, dV += P^T dO, ...).
+template <class T, int KC, int DT>
+__device__ __forceinline__ void accumulate_product(const float (&pt)[2 * KC][4], const uint16_t* b, int ld, int lane,
+                                                   float (&out)[DT][4]) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    uint32_t fa[4];
+    accumulators_to_a<T>(pt[2 * kc], pt[2 * kc + 1], fa);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      uint32_t fb[2];
+      load_b(b, ld, kc * 16, dt * 8, lane, fb);
+      MmaElement<T>::mma(out[dt], fa, fb);
+    }
+  }
+}
+
 // Max and sum over the four lanes that share an accumulator row.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

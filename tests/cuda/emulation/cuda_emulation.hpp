@@ -73,6 +73,13 @@ struct cudaPointerAttributes {
   void* hostPointer = nullptr;
 };
 constexpr unsigned cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDisableTiming = 2;
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+struct cudaDeviceProp {
+  char name[256] = "CUDA emulation";
+  int major = 9, minor = 0, multiProcessorCount = 1;
+};
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -218,5 +225,14 @@ cudaError_t cudaMallocHost(T** p, size_t bytes) {
   return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
 }
 cudaError_t cudaFreeHost(void* p);
+// Kernels run when launched, so events complete when recorded (elapsed time: wall clock).
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 // Device allocations are host memory here; the emulation remembers which pointers they are.
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);
