@@ -11,11 +11,14 @@
 //
 // Each output row is written by exactly one CTA, so results do not depend on scheduling; the
 // price is recomputing S and dP in both kernels (7 matrix products per tile pair instead of 5).
+// Both kernels double-buffer the tiles they stream (K/V blocks, or Q/dO tiles) with cp.async
+// (tile_pipeline.cuh).
 // Rows that saw no key (LSE = -inf) get P = 0 and contribute nothing.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
 #include "kernels/cuda/row_statistics.cuh"
+#include "kernels/cuda/tile_pipeline.cuh"
 #include "kernels/cuda/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
@@ -27,16 +30,24 @@ constexpr int kDqKeys = 64;   // dQ kernel: keys per block
 constexpr int kKvKeys = 64;   // dK/dV kernel: keys per CTA
 constexpr int kKvRows = 32;   // dK/dV kernel: query rows per tile
 
+// dQ kernel: the query tile (Q, dO, row statistics), then the double-buffered K/V blocks.
 template <int D>
-constexpr size_t dq_smem() {
-  return sizeof(uint16_t) * size_t(2 * kDqRows + 2 * kDqKeys) * (D + 8) + sizeof(int64_t) * kDqKeys +
-         sizeof(RowMask) * kDqRows + 2 * sizeof(float) * kDqRows;
+__host__ __device__ constexpr size_t dq_tile_bytes() {
+  return sizeof(uint16_t) * 2 * size_t(kDqRows) * (D + 8) + sizeof(RowMask) * kDqRows + 2 * sizeof(float) * kDqRows;
+}
+template <int D>
+__host__ __device__ constexpr size_t dq_smem() {
+  return dq_tile_bytes<D>() + KeyBlocks<D, kDqKeys, kThreads>::shared_bytes();
 }
 
+// dK/dV kernel: the key block (K, V, positions), then the double-buffered query tiles.
 template <int D>
-constexpr size_t dkdv_smem() {
-  return sizeof(uint16_t) * size_t(2 * kKvKeys + 2 * kKvRows) * (D + 8) + sizeof(int64_t) * kKvKeys +
-         sizeof(RowMask) * kKvRows + 2 * sizeof(float) * kKvRows;
+__host__ __device__ constexpr size_t kv_block_bytes() {
+  return sizeof(uint16_t) * 2 * size_t(kKvKeys) * (D + 8) + sizeof(int64_t) * kKvKeys;
+}
+template <int D>
+__host__ __device__ constexpr size_t dkdv_smem() {
+  return kv_block_bytes<D>() + QueryTiles<D, kKvRows, kThreads>::shared_bytes();
 }
 
 template <class T, int D>
@@ -48,26 +59,20 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kDqRows][LD]
   uint16_t* dos = qs + kDqRows * LD;                  // [kDqRows][LD]
-  uint16_t* ks = dos + kDqRows * LD;                  // [kDqKeys][LD]
-  uint16_t* vs = ks + kDqKeys * LD;                   // [kDqKeys][LD]
-  int64_t* kpos = reinterpret_cast<int64_t*>(vs + kDqKeys * LD);
-  RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kDqKeys);
+  RowMask* rmask = reinterpret_cast<RowMask*>(dos + kDqRows * LD);
   float* lse2 = reinterpret_cast<float*>(rmask + kDqRows);
   float* dlt = lse2 + kDqRows;
 
   const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kDqRows, tile);
-  const TileRange blocks = key_blocks_for_queries(p.mask, qspan, p.k_pos, p.k_rows, kDqKeys);
-  bool any = false;
-  for (int64_t kb = blocks.first; kb < blocks.last && !any; ++kb)
-    any = classify_tile(p.mask, qspan, row_span(p.k_pos, p.k_rows, kDqKeys, kb)) != TileKind::empty;
-  if (!any) return;
+  KeyBlocks<D, kDqKeys, kThreads> keys(p, qspan, b, kvh, smem + dq_tile_bytes<D>(), tid);
+  if (!keys.start()) return;
 
   const int64_t qrow0 = b * p.q_rows + qspan.row0;
   load_rows_to_shared<D>(qs, LD, kDqRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
   load_rows_to_shared<D>(dos, LD, kDqRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
-  load_row_statistics(p, qspan, b, h, kDqRows, rmask, lse2, dlt, tid, kThreads);
+  load_row_statistics(p, qspan, b, h, kDqRows, rmask, lse2, dlt, tid, kThreads);  // (visible after run's first barrier)
 
   const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
   float dq[DT][4];
@@ -75,16 +80,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   for (int dt = 0; dt < DT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
 
   const float scale_log2 = p.scale * kLog2e;
-  for (int64_t kb = blocks.first; kb < blocks.last; ++kb) {
-    const RowSpan kspan = row_span(p.k_pos, p.k_rows, kDqKeys, kb);
-    const TileKind kind = classify_tile(p.mask, qspan, kspan);
-    if (kind == TileKind::empty) continue;
-    __syncthreads();  // (also orders the query-tile loads above before first use)
-    load_rows_to_shared<D>(ks, LD, kDqKeys, p.k, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
-    load_rows_to_shared<D>(vs, LD, kDqKeys, p.v, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
-    for (int j = tid; j < kDqKeys; j += kThreads) kpos[j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
-    __syncthreads();
-
+  keys.run([&](const RowSpan& kspan, TileKind kind, const uint16_t* ks, const uint16_t* vs, const int64_t* kpos) {
     float s[NT][4], dp[NT][4];
     product_transposed<T, NT, KC>(qs, ks, LD, warp * 16, lane, s);    // S = Q K^T
     product_transposed<T, NT, KC>(dos, vs, LD, warp * 16, lane, dp);  // dP = dO V^T
@@ -101,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
         s[nt][e] = pr * (dp[nt][e] - dlt[r]);
       }
     accumulate_product<T, kDqKeys / 16, DT>(s, ks, LD, lane, dq);  // dQ += dS K
-  }
+  });
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -126,21 +122,13 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);  // [kKvKeys][LD]
   uint16_t* vs = ks + kKvKeys * LD;                   // [kKvKeys][LD]
-  uint16_t* qs = vs + kKvKeys * LD;                   // [kKvRows][LD]
-  uint16_t* dos = qs + kKvRows * LD;                  // [kKvRows][LD]
-  int64_t* kpos = reinterpret_cast<int64_t*>(dos + kKvRows * LD);
-  RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kKvKeys);
-  float* lse2 = reinterpret_cast<float*>(rmask + kKvRows);
-  float* dlt = lse2 + kKvRows;
+  int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKvKeys * LD);
 
   const int64_t kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKvKeys, kb);
-  const TileRange tiles = query_tiles_for_keys(p.mask, kspan, p.q_pos, p.q_rows, kKvRows);
-  bool any = false;
-  for (int64_t qt = tiles.first; qt < tiles.last && !any; ++qt)
-    any = classify_tile(p.mask, row_span(p.q_pos, p.q_rows, kKvRows, qt), kspan) != TileKind::empty;
-  if (!any) return;
+  QueryTiles<D, kKvRows, kThreads> queries(p, kspan, b, kvh, smem + kv_block_bytes<D>(), tid);
+  if (!queries.start()) return;
 
   const int64_t krow0 = b * p.k_rows + kspan.row0;
   load_rows_to_shared<D>(ks, LD, kKvKeys, p.k, krow0, kspan.count, p.kv_heads, kvh, tid, kThreads);
@@ -155,39 +143,27 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
 
   const float scale_log2 = p.scale * kLog2e;
-  for (int64_t g = 0; g < p.group(); ++g) {
-    const int64_t h = kvh * p.group() + g;
-    for (int64_t qt = tiles.first; qt < tiles.last; ++qt) {
-      const RowSpan qspan = row_span(p.q_pos, p.q_rows, kKvRows, qt);
-      const TileKind kind = classify_tile(p.mask, qspan, kspan);
-      if (kind == TileKind::empty) continue;
-      __syncthreads();  // the previous tile is no longer read
-      const int64_t qrow0 = b * p.q_rows + qspan.row0;
-      load_rows_to_shared<D>(qs, LD, kKvRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
-      load_rows_to_shared<D>(dos, LD, kKvRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
-      load_row_statistics(p, qspan, b, h, kKvRows, rmask, lse2, dlt, tid, kThreads);
-      __syncthreads();
-
-      float st[NT][4], dpt[NT][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
-      product_transposed<T, NT, KC>(ks, qs, LD, warp * 16, lane, st);
-      product_transposed<T, NT, KC>(vs, dos, LD, warp * 16, lane, dpt);
-      // P^T into st, dS^T into dpt.
+  queries.run([&](const RowSpan& qspan, TileKind kind, const uint16_t* qs, const uint16_t* dos, const RowMask* rmask,
+                  const float* lse2, const float* dlt) {
+    float st[NT][4], dpt[NT][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
+    product_transposed<T, NT, KC>(ks, qs, LD, warp * 16, lane, st);
+    product_transposed<T, NT, KC>(vs, dos, LD, warp * 16, lane, dpt);
+    // P^T into st, dS^T into dpt.
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = keys[e >> 1];
-          const int col = nt * 8 + 2 * quad_lane + (e & 1);  // query within the tile
-          bool ok = key < kspan.count && col < qspan.count;
-          if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[col], kpos[key]);
-          const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
-          st[nt][e] = pr;
-          dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
-        }
-      accumulate_product<T, kKvRows / 16, DT>(st, dos, LD, lane, dv);  // dV += P^T dO
-      accumulate_product<T, kKvRows / 16, DT>(dpt, qs, LD, lane, dk);  // dK += dS^T Q
-    }
-  }
+      for (int e = 0; e < 4; ++e) {
+        const int key = keys[e >> 1];
+        const int col = nt * 8 + 2 * quad_lane + (e & 1);  // query within the tile
+        bool ok = key < kspan.count && col < qspan.count;
+        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[col], kpos[key]);
+        const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
+        st[nt][e] = pr;
+        dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
+      }
+    accumulate_product<T, kKvRows / 16, DT>(st, dos, LD, lane, dv);  // dV += P^T dO
+    accumulate_product<T, kKvRows / 16, DT>(dpt, qs, LD, lane, dk);  // dK += dS^T Q
+  });
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {

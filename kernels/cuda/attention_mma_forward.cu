@@ -1,15 +1,17 @@
 // Tensor-core forward pass (FlashAttention-2 tiling, mma.sync m16n8k16, bf16/fp16 in, fp32 out).
 //
 // CTA = 4 warps = a tile of 64 query rows for one (head, batch); warp w owns rows 16w..16w+15.
-// The Q tile is staged in shared memory once and its A fragments kept in registers; each visible
-// block of 64 keys is staged in shared memory (K and V), S = Q K^T is computed into registers,
-// masked (partial blocks only) and turned into P with the online softmax, and O += P V with P
-// rounded to the input type. Key blocks are visited in ascending order; blocks the mask hides
-// are skipped before any load (tile_plan.hpp). The incoming partial state (O, LSE) is the
-// starting point, so the call merges into it exactly as attention_forward does on the CPU.
+// The Q tile is staged in shared memory once and its A fragments kept in registers; the visible
+// blocks of 64 keys pass through two shared-memory buffers (the next block's K and V are copied
+// with cp.async while this one is computed, tile_pipeline.cuh); S = Q K^T is computed into
+// registers, masked (partial blocks only) and turned into P with the online softmax, and
+// O += P V with P rounded to the input type. Key blocks are visited in ascending order; blocks
+// the mask hides are skipped before any load (tile_plan.hpp). The incoming partial state (O, LSE)
+// is the starting point, so the call merges into it exactly as attention_forward does on the CPU.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
+#include "kernels/cuda/tile_pipeline.cuh"
 #include "kernels/cuda/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
@@ -19,9 +21,14 @@ constexpr int kRows = 64;     // query rows per CTA
 constexpr int kKeys = 64;     // keys per block
 constexpr int kThreads = 128;
 
+// Q tile and the rows' element masks, then the double-buffered K/V blocks (tile_pipeline.cuh).
 template <int D>
-constexpr size_t forward_smem() {
-  return sizeof(uint16_t) * size_t(kRows + 2 * kKeys) * (D + 8) + sizeof(int64_t) * kKeys + sizeof(RowMask) * kRows;
+__host__ __device__ constexpr size_t q_tile_bytes() {
+  return sizeof(uint16_t) * size_t(kRows) * (D + 8) + sizeof(RowMask) * kRows;
+}
+template <int D>
+__host__ __device__ constexpr size_t forward_smem() {
+  return q_tile_bytes<D>() + KeyBlocks<D, kKeys, kThreads>::shared_bytes();
 }
 
 template <class T, int D>
@@ -32,19 +39,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   constexpr int KC = D / 16;     // k-chunks of the head dim
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kRows][LD]
-  uint16_t* ks = qs + kRows * LD;                     // [kKeys][LD]
-  uint16_t* vs = ks + kKeys * LD;                     // [kKeys][LD]
-  int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKeys * LD);
-  RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kKeys);
+  RowMask* rmask = reinterpret_cast<RowMask*>(qs + kRows * LD);
 
   const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kRows, tile);
-  const TileRange blocks = key_blocks_for_queries(p.mask, qspan, p.k_pos, p.k_rows, kKeys);
-  bool any = false;
-  for (int64_t kb = blocks.first; kb < blocks.last && !any; ++kb)
-    any = classify_tile(p.mask, qspan, row_span(p.k_pos, p.k_rows, kKeys, kb)) != TileKind::empty;
-  if (!any) return;  // these queries see none of these keys: the state keeps what it holds
+  KeyBlocks<D, kKeys, kThreads> keys(p, qspan, b, kvh, smem + q_tile_bytes<D>(), tid);
+  if (!keys.start()) return;  // these queries see none of these keys: the state keeps what it holds
 
   load_rows_to_shared<D>(qs, LD, kRows, p.q, b * p.q_rows + qspan.row0, qspan.count, p.heads, h, tid, kThreads);
   for (int r = tid; r < kRows; r += kThreads)
@@ -80,16 +81,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   for (int kc = 0; kc < KC; ++kc) load_a(qs, LD, warp * 16, kc * 16, lane, qa[kc]);
 
   const float scale_log2 = p.scale * kLog2e;
-  for (int64_t kb = blocks.first; kb < blocks.last; ++kb) {
-    const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKeys, kb);
-    const TileKind kind = classify_tile(p.mask, qspan, kspan);
-    if (kind == TileKind::empty) continue;
-    __syncthreads();  // every warp is done with the previous block
-    load_rows_to_shared<D>(ks, LD, kKeys, p.k, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
-    load_rows_to_shared<D>(vs, LD, kKeys, p.v, b * p.k_rows + kspan.row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
-    for (int j = tid; j < kKeys; j += kThreads) kpos[j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
-    __syncthreads();
-
+  keys.run([&](const RowSpan& kspan, TileKind kind, const uint16_t* kt, const uint16_t* vt, const int64_t* kp) {
     float s[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -98,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         uint32_t bk[2];
-        load_b_transposed(ks, LD, nt * 8, kc * 16, lane, bk);
+        load_b_transposed(kt, LD, nt * 8, kc * 16, lane, bk);
         MmaElement<T>::mma(s[nt], qa[kc], bk);
       }
 
@@ -110,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * quad_lane + (e & 1);
         bool ok = col < kspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[rows[e >> 1]], kpos[col]);
+        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[rows[e >> 1]], kp[col]);
         s[nt][e] = ok ? s[nt][e] * scale_log2 : neg_inf();
         mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
@@ -143,8 +135,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
     }
 
     // O += P V, P as the A operand straight from the score registers.
-    accumulate_product<T, kKeys / 16, DT>(s, vs, LD, lane, o);
-  }
+    accumulate_product<T, kKeys / 16, DT>(s, vt, LD, lane, o);
+  });
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {

@@ -172,4 +172,47 @@ __device__ __forceinline__ void load_rows_to_shared(uint16_t* s, int ld, int til
   }
 }
 
+// Asynchronous copies global -> shared (cp.async, sm_80+), so that the next tile's loads overlap
+// this tile's arithmetic: issue, commit them as a group, later wait until at most N groups are
+// in flight, then __syncthreads before reading what other threads copied.
+__device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::async_copy(shared_dst, global_src, 16);
+#else
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src));
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// load_rows_to_shared with cp.async for the rows that exist (zeros stored directly past `count`).
+template <int D>
+__device__ __forceinline__ void load_rows_to_shared_async(uint16_t* s, int ld, int tile_rows, const void* g,
+                                                          int64_t batch_row0, int64_t count, int64_t heads,
+                                                          int64_t head, int tid, int threads) {
+  constexpr int kChunks = D / 8;
+  const uint16_t* src = static_cast<const uint16_t*>(g);
+  for (int c = tid; c < tile_rows * kChunks; c += threads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    if (r < count) copy_async_16(s + r * ld + col, src + ((batch_row0 + r) * heads + head) * D + col);
+    else *reinterpret_cast<uint4*>(s + r * ld + col) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 }  // namespace ringattn::kernels::gpu

@@ -71,7 +71,15 @@ std::vector<std::unique_ptr<char[]>>& stacks() {
   return pool;
 }
 
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
 struct Fiber {
+  std::vector<AsyncCopy> open_group;                 // cp.async issued, not committed
+  std::vector<std::vector<AsyncCopy>> in_flight;     // committed groups, oldest first
   ucontext_t context{};
   void* sp = nullptr;  // saved stack pointer (fast switch)
   Coordinates coords;
@@ -319,6 +327,24 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
   // (No barrier after reading: lane 0 overwrites ex.d only after the next call's first barrier,
   // which every lane reaches after reading.)
   for (int i = 0; i < 4; ++i) d[i] = ex.d[lane][i];
+}
+
+void async_copy(void* shared_dst, const void* global_src, size_t bytes) {
+  current_fiber().open_group.push_back({shared_dst, global_src, bytes});
+}
+
+void async_commit() {
+  Fiber& f = current_fiber();
+  f.in_flight.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+void async_wait(int groups_in_flight) {
+  Fiber& f = current_fiber();
+  while (int(f.in_flight.size()) > groups_in_flight) {
+    for (const AsyncCopy& c : f.in_flight.front()) std::memcpy(c.dst, c.src, c.bytes);
+    f.in_flight.erase(f.in_flight.begin());
+  }
 }
 
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {

@@ -101,6 +101,12 @@ void sync_block();
 void sync_warp();
 float shuffle(float value, int source_lane);
 
+// cp.async: copies are queued per thread and carried out by the wait that must precede their use
+// (as late as the hardware may), so reading a tile before waiting for it reads stale bytes.
+void async_copy(void* shared_dst, const void* global_src, size_t bytes);
+void async_commit();
+void async_wait(int groups_in_flight);
+
 enum class MmaInput { bf16, f16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaInput input);
 
