@@ -14,19 +14,10 @@
 
 #include "comm/host_staged_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
+#include "comm/nccl_schedule.hpp"
 #include "comm/stopwatch.hpp"
 
 namespace ringattn::comm {
-
-int gpu_for_local_rank(int local_rank, int local_ranks, int devices, const std::string& node) {
-  if (devices <= 0)
-    throw std::runtime_error("node " + node + ": no CUDA device visible; the NCCL communicator needs one GPU per rank");
-  if (local_ranks > devices)
-    throw std::runtime_error("node " + node + ": " + std::to_string(local_ranks) + " ranks but " +
-                             std::to_string(devices) + " GPUs visible; the NCCL communicator needs one GPU per rank " +
-                             "(run at most " + std::to_string(devices) + " ranks per node, or use --comm mpi)");
-  return local_rank;
-}
 
 namespace {
 
@@ -381,24 +372,27 @@ void NcclCommunicator::Impl::init(MPI_Comm comm, int chosen_device) {
     make_stream(send_stream[size_t(x)]);
     make_stream(recv_stream[size_t(x)]);
   }
-  nccl(ncclGroupStart(), "ncclGroupStart");
-  for (int x = 0; x < size; ++x) {
-    if (x == rank) continue;
-    nccl(ncclCommInitRank(&send_comm[size_t(x)], 2, all[size_t(rank) * size_t(size) + size_t(x)], 0), "ncclCommInitRank");
-    nccl(ncclCommInitRank(&recv_comm[size_t(x)], 2, all[size_t(x) * size_t(size) + size_t(rank)], 1), "ncclCommInitRank");
-  }
-  nccl(ncclGroupEnd(), "ncclGroupEnd (creating the pair communicators)");
-
-  // Connect every pair now: a first transfer on a pair sets up its connection, which would
-  // otherwise block this thread inside ncclSend until the peer posts its side.
+  // Create and connect the pair communicators in tournament rounds (nccl_schedule.hpp): both
+  // sides of a pair reach it in the same round, and each call below blocks until they do (the
+  // first transfer on a pair sets up its connection, which would otherwise block a later isend
+  // until the peer posts its side). Within a round: lower rank -> higher first, then back.
   auto* bytes = static_cast<unsigned char*>(scratch);
-  nccl(ncclGroupStart(), "ncclGroupStart");
-  for (int x = 0; x < size; ++x) {
-    if (x == rank) continue;
-    nccl(ncclSend(bytes + x, 1, ncclUint8, 1, send_comm[size_t(x)], send_stream[size_t(x)]), "ncclSend");
-    nccl(ncclRecv(bytes + size + x, 1, ncclUint8, 0, recv_comm[size_t(x)], recv_stream[size_t(x)]), "ncclRecv");
+  for (int round = 0; round < round_robin_rounds(size); ++round) {
+    const int partner = round_robin_partner(rank, round, size);
+    if (partner < 0) continue;
+    const int lo = std::min(rank, partner), hi = std::max(rank, partner);
+    for (const auto& [from, to] : {std::pair{lo, hi}, std::pair{hi, lo}}) {
+      const ncclUniqueId& pair_id = all[size_t(from) * size_t(size) + size_t(to)];
+      if (rank == from) {
+        nccl(ncclCommInitRank(&send_comm[size_t(to)], 2, pair_id, 0), "ncclCommInitRank (pair, sender)");
+        nccl(ncclSend(bytes + to, 1, ncclUint8, 1, send_comm[size_t(to)], send_stream[size_t(to)]), "ncclSend (connect)");
+      } else {
+        nccl(ncclCommInitRank(&recv_comm[size_t(from)], 2, pair_id, 1), "ncclCommInitRank (pair, receiver)");
+        nccl(ncclRecv(bytes + size + from, 1, ncclUint8, 0, recv_comm[size_t(from)], recv_stream[size_t(from)]),
+             "ncclRecv (connect)");
+      }
+    }
   }
-  nccl(ncclGroupEnd(), "ncclGroupEnd (connecting the pair communicators)");
   for (int x = 0; x < size; ++x) {
     if (x == rank) continue;
     for (cudaStream_t s : {send_stream[size_t(x)], recv_stream[size_t(x)]}) {

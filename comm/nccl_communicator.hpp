@@ -42,6 +42,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/nccl_schedule.hpp"
 
 namespace ringattn::comm {
 
@@ -84,10 +85,5 @@ class NcclCommunicator final : public Communicator {
 };
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm);
-
-// The GPU of the rank with node-local index `local_rank` among `local_ranks` ranks on node
-// `node` that sees `devices` GPUs: local_rank itself; throws std::runtime_error naming the node
-// and the counts when local_ranks > devices (or no GPU is visible).
-int gpu_for_local_rank(int local_rank, int local_ranks, int devices, const std::string& node);
 
 }  // namespace ringattn::comm

@@ -91,7 +91,7 @@ echo "# build mode: $mode"
 
 # 2. Build what the check runs.
 if [ "$mode" = full ]; then
-  targets=(ringattn_tile_plan_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
+  targets=(ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
 else
   targets=(all)
 fi
