@@ -34,8 +34,7 @@ HostStagedCommunicator::HostStagedCommunicator(Communicator& inner) : inner_(&in
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
 }
 
-HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> inner)
-    : HostStagedCommunicator(*inner) {
+HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> inner) : HostStagedCommunicator(*inner) {
   owned_ = std::move(inner);
 }
 
@@ -172,8 +171,8 @@ void HostStagedCommunicator::allgatherv(const void* send, void* recv, std::span<
   if (sview != send) release_pinned(sview);
 }
 
-void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts,
-                                            DataType type, ReduceOp op) {
+void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+                                            ReduceOp op) {
   const size_t tsize = data_type_size(type);
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * tsize;
   const size_t mine = counts[size_t(rank())] * tsize;

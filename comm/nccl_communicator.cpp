@@ -4,8 +4,8 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <numeric>
@@ -31,20 +31,28 @@ struct Announcement {
 
 ncclDataType_t nccl_type(DataType t) {
   switch (t) {
-    case DataType::u8: return ncclUint8;
-    case DataType::i32: return ncclInt32;
-    case DataType::i64: return ncclInt64;
-    case DataType::f32: return ncclFloat32;
-    case DataType::f64: return ncclFloat64;
+    case DataType::u8:
+      return ncclUint8;
+    case DataType::i32:
+      return ncclInt32;
+    case DataType::i64:
+      return ncclInt64;
+    case DataType::f32:
+      return ncclFloat32;
+    case DataType::f64:
+      return ncclFloat64;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -62,10 +70,10 @@ struct NcclCommunicator::Impl {
     bool is_send = false;
     int peer = 0;
     int64_t tag = 0;
-    size_t bytes = 0;            // the caller's size
-    size_t message_bytes = 0;    // receives: the matched message's size
-    void* user = nullptr;        // the caller's buffer
-    void* device = nullptr;      // what the transfer reads or writes: user, or a temporary (host user)
+    size_t bytes = 0;          // the caller's size
+    size_t message_bytes = 0;  // receives: the matched message's size
+    void* user = nullptr;      // the caller's buffer
+    void* device = nullptr;    // what the transfer reads or writes: user, or a temporary (host user)
     bool host_user = false;
     bool launched = false;
     cudaStream_t stream = nullptr;
@@ -209,7 +217,8 @@ struct NcclCommunicator::Impl {
     auto& waiting = posted[size_t(peer)];
     while (!queue.empty()) {
       const Incoming in = queue.front();
-      auto match = std::find_if(waiting.begin(), waiting.end(), [&](int64_t id) { return transfers.at(id).tag == in.tag; });
+      auto match =
+          std::find_if(waiting.begin(), waiting.end(), [&](int64_t id) { return transfers.at(id).tag == in.tag; });
       if (match != waiting.end()) {
         Transfer& t = transfers.at(*match);
         if (in.bytes > t.bytes)
@@ -331,8 +340,8 @@ void NcclCommunicator::Impl::init(MPI_Comm comm, int chosen_device) {
     int32_t bad = problem.empty() ? 0 : 1;
     control->allreduce(&bad, 1, DataType::i32, ReduceOp::max);
     if (bad)
-      throw std::runtime_error(problem.empty() ? "NCCL communicator: another node has more ranks than GPUs (see its error)"
-                                               : problem);
+      throw std::runtime_error(
+          problem.empty() ? "NCCL communicator: another node has more ranks than GPUs (see its error)" : problem);
   }
   device = chosen_device;
   cuda(cudaSetDevice(device), "cudaSetDevice");
@@ -385,7 +394,8 @@ void NcclCommunicator::Impl::init(MPI_Comm comm, int chosen_device) {
       const ncclUniqueId& pair_id = all[size_t(from) * size_t(size) + size_t(to)];
       if (rank == from) {
         nccl(ncclCommInitRank(&send_comm[size_t(to)], 2, pair_id, 0), "ncclCommInitRank (pair, sender)");
-        nccl(ncclSend(bytes + to, 1, ncclUint8, 1, send_comm[size_t(to)], send_stream[size_t(to)]), "ncclSend (connect)");
+        nccl(ncclSend(bytes + to, 1, ncclUint8, 1, send_comm[size_t(to)], send_stream[size_t(to)]),
+             "ncclSend (connect)");
       } else {
         nccl(ncclCommInitRank(&recv_comm[size_t(from)], 2, pair_id, 1), "ncclCommInitRank (pair, receiver)");
         nccl(ncclRecv(bytes + size + from, 1, ncclUint8, 0, recv_comm[size_t(from)], recv_stream[size_t(from)]),
@@ -445,7 +455,8 @@ int NcclCommunicator::device() const { return impl_->device; }
 Request NcclCommunicator::isend(const void* buf, size_t bytes, int peer, int tag) {
   Impl& m = *impl_;
   m.check_usable();
-  if (peer < 0 || peer >= m.size) throw CommError(m.prefix() + "isend to rank " + std::to_string(peer) + " of " + std::to_string(m.size));
+  if (peer < 0 || peer >= m.size)
+    throw CommError(m.prefix() + "isend to rank " + std::to_string(peer) + " of " + std::to_string(m.size));
   const int64_t id = m.next_id++;
   Impl::Transfer& t = m.transfers[id];
   t.is_send = true, t.peer = peer, t.tag = tag, t.bytes = bytes;
@@ -475,7 +486,8 @@ Request NcclCommunicator::isend(const void* buf, size_t bytes, int peer, int tag
 Request NcclCommunicator::irecv(void* buf, size_t bytes, int peer, int tag) {
   Impl& m = *impl_;
   m.check_usable();
-  if (peer < 0 || peer >= m.size) throw CommError(m.prefix() + "irecv from rank " + std::to_string(peer) + " of " + std::to_string(m.size));
+  if (peer < 0 || peer >= m.size)
+    throw CommError(m.prefix() + "irecv from rank " + std::to_string(peer) + " of " + std::to_string(m.size));
   const int64_t id = m.next_id++;
   Impl::Transfer& t = m.transfers[id];
   t.peer = peer, t.tag = tag, t.bytes = bytes, t.user = buf;
@@ -491,7 +503,8 @@ Request NcclCommunicator::irecv(void* buf, size_t bytes, int peer, int tag) {
       m.fail("a message of " + std::to_string(e->bytes) + " bytes from rank " + std::to_string(peer) + " (tag " +
              std::to_string(tag) + ") is larger than its receive of " + std::to_string(bytes) + " bytes");
     m.cuda(cudaStreamWaitEvent(t.stream, e->event, 0), "cudaStreamWaitEvent");
-    if (e->bytes) m.cuda(cudaMemcpyAsync(t.device, e->buffer, e->bytes, cudaMemcpyDeviceToDevice, t.stream), "cudaMemcpyAsync");
+    if (e->bytes)
+      m.cuda(cudaMemcpyAsync(t.device, e->buffer, e->bytes, cudaMemcpyDeviceToDevice, t.stream), "cudaMemcpyAsync");
     m.cuda(cudaEventRecord(t.event, t.stream), "cudaEventRecord");
     m.cuda(cudaFreeAsync(e->buffer, t.stream), "cudaFreeAsync");
     m.free_events.push_back(e->event);
@@ -593,13 +606,16 @@ void NcclCommunicator::allgatherv(const void* send, void* recv, std::span<const 
   void* s = m.device_view(send, mine, true);
   void* d = m.device_view(recv, offset.back(), false);
   auto* out = static_cast<unsigned char*>(d);
-  if (mine) m.cuda(cudaMemcpyAsync(out + offset[size_t(m.rank)], s, mine, cudaMemcpyDeviceToDevice, m.coll_stream), "cudaMemcpyAsync");
+  if (mine)
+    m.cuda(cudaMemcpyAsync(out + offset[size_t(m.rank)], s, mine, cudaMemcpyDeviceToDevice, m.coll_stream),
+           "cudaMemcpyAsync");
   m.nccl(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < m.size; ++r) {
     if (r == m.rank) continue;
     if (mine) m.nccl(ncclSend(s, mine, ncclUint8, r, m.world, m.coll_stream), "ncclSend");
     if (recv_bytes[size_t(r)])
-      m.nccl(ncclRecv(out + offset[size_t(r)], recv_bytes[size_t(r)], ncclUint8, r, m.world, m.coll_stream), "ncclRecv");
+      m.nccl(ncclRecv(out + offset[size_t(r)], recv_bytes[size_t(r)], ncclUint8, r, m.world, m.coll_stream),
+             "ncclRecv");
   }
   m.nccl(ncclGroupEnd(), "ncclGroupEnd (allgatherv)");
   m.finish_collective("allgatherv");
@@ -619,7 +635,8 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::span<co
   void* d = m.device_view(recv, mine * tsize, false);
   const bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
   if (equal) {
-    m.nccl(ncclReduceScatter(s, d, counts[0], nccl_type(type), nccl_op(op), m.world, m.coll_stream), "ncclReduceScatter");
+    m.nccl(ncclReduceScatter(s, d, counts[0], nccl_type(type), nccl_op(op), m.world, m.coll_stream),
+           "ncclReduceScatter");
   } else {  // one reduce per block, rooted at the block's owner
     m.nccl(ncclGroupStart(), "ncclGroupStart");
     size_t offset = 0;

@@ -60,8 +60,8 @@ struct CudaOptions {
 
 // True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64 or 128, and
 // 16-byte aligned Q/K/V/dO pointers. (RINGATTN_CUDA_KERNEL=simple turns `automatic` to simple.)
-bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k,
-                             const void* v, const void* dout = nullptr);
+bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+                             const void* dout = nullptr);
 // Head dims any CUDA kernel supports: 1..256 (the tensor-core path: 64 and 128).
 bool cuda_supports_head_dim(int64_t head_dim);
 // Which kernel a call with these options and inputs runs: "tensor_core" or "simple".

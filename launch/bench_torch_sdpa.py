@@ -36,7 +36,8 @@ def bench(args):
     causal_values = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     name = torch.cuda.get_device_name(0)
     print(f"# torch {torch.__version__} scaled_dot_product_attention (flash) on {name}")
-    print(f"# {args.dtype}, batch {args.batch}, heads {args.heads}, median of {args.iters} after {args.warmup} warm-up")
+    print(f"# {args.dtype}, batch {args.batch}, heads {args.heads}, "
+          f"median of {args.iters} after {args.warmup} warm-up")
     print(f"# {'D':>4} {'L':>7} {'causal':>6} {'fwd_ms':>10} {'fwd_TF/s':>10} {'bwd_ms':>10} {'bwd_TF/s':>10}")
 
     def timed(fn):
@@ -120,7 +121,8 @@ def compare(args):
     rows = []
     for p in ours.get("points", []):
         t = theirs.get(key(p), {})
-        row = {"head_dim": p["head_dim"], "seq_len": p["seq_len"], "causal": bool(p["causal"]), "kernel": p.get("kernel"),
+        row = {"head_dim": p["head_dim"], "seq_len": p["seq_len"], "causal": bool(p["causal"]),
+               "kernel": p.get("kernel"),
                "ours_forward_tflops": p.get("forward_tflops"), "torch_forward_tflops": t.get("forward_tflops"),
                "ours_backward_tflops": p.get("backward_tflops"), "torch_backward_tflops": t.get("backward_tflops"),
                "ours_forward_ms": p.get("forward_ms"), "torch_forward_ms": t.get("forward_ms"),
@@ -133,8 +135,10 @@ def compare(args):
             row["torch_error"] = t["error"]
         rows.append(row)
 
-    def fmt(x, spec):
-        return format(x, spec) if isinstance(x, (int, float)) and x is not None else "-"
+    def fmt(x, spec):  # spec as "9.1f": a missing value is a right-aligned "-"
+        if isinstance(x, (int, float)):
+            return format(x, spec)
+        return "-".rjust(int(spec.split(".")[0].rstrip("df")))
 
     print(f"# ringattn CUDA kernels vs torch SDPA (flash) on {ours.get('config', {}).get('device', '?')}, "
           f"{ours.get('config', {}).get('dtype', '?')}, heads {ours.get('config', {}).get('heads', '?')}, "

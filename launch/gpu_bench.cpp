@@ -66,31 +66,45 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--json") o.json = value();
+    if (a == "--json")
+      o.json = value();
     else if (a == "--dtype") {
       const std::string v = value();
-      if (v == "bf16") o.type = ElementType::bf16;
-      else if (v == "fp16") o.type = ElementType::f16;
-      else throw std::invalid_argument("--dtype " + v + ": expected bf16 or fp16");
-    } else if (a == "--heads") o.heads = std::stoll(value());
-    else if (a == "--batch") o.batch = std::stoll(value());
-    else if (a == "--head-dims") o.head_dims = parse_list(value());
-    else if (a == "--lengths") o.lengths = parse_list(value());
+      if (v == "bf16")
+        o.type = ElementType::bf16;
+      else if (v == "fp16")
+        o.type = ElementType::f16;
+      else
+        throw std::invalid_argument("--dtype " + v + ": expected bf16 or fp16");
+    } else if (a == "--heads")
+      o.heads = std::stoll(value());
+    else if (a == "--batch")
+      o.batch = std::stoll(value());
+    else if (a == "--head-dims")
+      o.head_dims = parse_list(value());
+    else if (a == "--lengths")
+      o.lengths = parse_list(value());
     else if (a == "--causal") {
       const std::string v = value();
-      o.causal = v == "yes" ? std::vector<bool>{true} : v == "no" ? std::vector<bool>{false} : std::vector<bool>{false, true};
-    } else if (a == "--warmup") o.warmup = std::stoi(value());
-    else if (a == "--iters") o.iters = std::max(1, std::stoi(value()));
+      o.causal = v == "yes"  ? std::vector<bool>{true}
+                 : v == "no" ? std::vector<bool>{false}
+                             : std::vector<bool>{false, true};
+    } else if (a == "--warmup")
+      o.warmup = std::stoi(value());
+    else if (a == "--iters")
+      o.iters = std::max(1, std::stoi(value()));
     else if (a == "--kernel") {
       const std::string v = value();
-      o.kernel = v == "simple" ? kernels::CudaKernel::simple
-               : v == "tensor_core" ? kernels::CudaKernel::tensor_core
-                                    : kernels::CudaKernel::automatic;
-    } else if (a == "--no-backward") o.backward = false;
+      o.kernel = v == "simple"        ? kernels::CudaKernel::simple
+                 : v == "tensor_core" ? kernels::CudaKernel::tensor_core
+                                      : kernels::CudaKernel::automatic;
+    } else if (a == "--no-backward")
+      o.backward = false;
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: ringattn_gpu_bench [--json FILE] [--dtype bf16|fp16] [--heads N] [--batch N]\n"
-                  "  [--head-dims 64,128] [--lengths 4096,8192,16384,32768] [--causal both|yes|no]\n"
-                  "  [--warmup 2] [--iters 5] [--kernel auto|tensor_core|simple] [--no-backward]\n");
+      std::printf(
+          "usage: ringattn_gpu_bench [--json FILE] [--dtype bf16|fp16] [--heads N] [--batch N]\n"
+          "  [--head-dims 64,128] [--lengths 4096,8192,16384,32768] [--causal both|yes|no]\n"
+          "  [--warmup 2] [--iters 5] [--kernel auto|tensor_core|simple] [--no-backward]\n");
       std::exit(0);
     } else {
       throw std::invalid_argument("unknown option " + a);
@@ -214,7 +228,8 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
     check(cudaMemcpyAsync(lse.p, neg_inf.data(), 4 * nl, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
   };
   p.forward_ms = time_ms(o, stream, reset_state, [&] {
-    kernels::cuda_attention_forward(dims, qr, kv, mask, kernels::AttentionState{o_buf.as<float>(), lse.as<float>()}, opt);
+    kernels::cuda_attention_forward(dims, qr, kv, mask, kernels::AttentionState{o_buf.as<float>(), lse.as<float>()},
+                                    opt);
   });
   p.forward_tflops = flops_fwd / (p.forward_ms * 1e-3) / 1e12;
 
@@ -229,7 +244,8 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
     const std::vector<int64_t> rows = {0, 1, L / 3, L / 2 + 7, L - 2, L - 1};
     std::vector<float> qs(rows.size() * size_t(H * D)), kf(size_t(L * H * D)), vf(size_t(L * H * D));
     for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t e = 0; e < H * D; ++e) qs[r * size_t(H * D) + size_t(e)] = bits_value(q[size_t(rows[r] * H * D + e)], o.type);
+      for (int64_t e = 0; e < H * D; ++e)
+        qs[r * size_t(H * D) + size_t(e)] = bits_value(q[size_t(rows[r] * H * D + e)], o.type);
     for (size_t i = 0; i < kf.size(); ++i) kf[i] = bits_value(k[i], o.type), vf[i] = bits_value(v[i], o.type);
     kernels::AttentionDims one = dims;
     one.batch = 1;
@@ -240,7 +256,8 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
       for (int64_t h : {int64_t(0), H - 1}) {
         bool bad = false;
         for (int64_t d = 0; d < D; ++d) {
-          const double got = o_host[size_t((rows[r] * H + h) * D + d)], want = ro[(r * size_t(H) + size_t(h)) * size_t(D) + size_t(d)];
+          const double got = o_host[size_t((rows[r] * H + h) * D + d)],
+                       want = ro[(r * size_t(H) + size_t(h)) * size_t(D) + size_t(d)];
           const double err = std::abs(got - want);
           p.max_abs_err = std::max(p.max_abs_err, std::isfinite(got) ? err : INFINITY);
           bad = bad || !(err <= 2e-2);  // bf16 P in the product: errors ~1e-3; a wrong row is O(1)
@@ -291,8 +308,8 @@ int main(int argc, char** argv) {
                 prop.multiProcessorCount);
     std::printf("# %s, batch %lld, heads %lld, median of %d after %d warm-up; TFLOP/s as SPEC.md counts them\n",
                 kernels::element_name(o.type), (long long)o.batch, (long long)o.heads, o.iters, o.warmup);
-    std::printf("# %4s %7s %6s %12s %10s %10s %10s %10s %10s %6s\n", "D", "L", "causal", "kernel", "fwd_ms",
-                "fwd_TF/s", "bwd_ms", "bwd_TF/s", "max_err", "#wrong");
+    std::printf("# %4s %7s %6s %12s %10s %10s %10s %10s %10s %6s\n", "D", "L", "causal", "kernel", "fwd_ms", "fwd_TF/s",
+                "bwd_ms", "bwd_TF/s", "max_err", "#wrong");
     std::vector<Point> points;
     int wrong = 0;
     for (int64_t D : o.head_dims)
@@ -318,8 +335,8 @@ int main(int argc, char** argv) {
           << ", \"causal\": " << (p.causal ? "true" : "false") << ", \"kernel\": \"" << p.kernel
           << "\", \"forward_ms\": " << p.forward_ms << ", \"forward_tflops\": " << p.forward_tflops
           << ", \"backward_ms\": " << p.backward_ms << ", \"backward_tflops\": " << p.backward_tflops
-          << ", \"max_abs_err\": " << (std::isfinite(p.max_abs_err) ? p.max_abs_err : 1e30) << ", \"wrong\": " << p.wrong
-          << "}";
+          << ", \"max_abs_err\": " << (std::isfinite(p.max_abs_err) ? p.max_abs_err : 1e30)
+          << ", \"wrong\": " << p.wrong << "}";
       }
       f << "\n ]}\n";
     }

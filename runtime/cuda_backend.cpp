@@ -75,7 +75,8 @@ class CudaBackend final : public AttentionBackend {
   void* allocate(size_t bytes) override {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) fail(e, "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
+    if (e != cudaSuccess)
+      fail(e, "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
     return p;
   }
   // cudaFree waits for the whole device: buffers are released between passes, never while a

@@ -1,6 +1,5 @@
 // runtime/cuda_backend.hpp in a build without CUDA: no device, and a clear error when asked for one.
 #include "runtime/cuda_backend.hpp"
-
 #include "runtime/errors.hpp"
 
 namespace ringattn {

@@ -32,13 +32,16 @@ bool use_tensor_cores(const AttentionDims& dims, ElementType type, const void* q
                       const void* dout, const CudaOptions& options, const char* what) {
   const bool supported = cuda_tensor_cores_apply(dims, type, q, k, v, dout);
   switch (options.kernel) {
-    case CudaKernel::simple: return false;
+    case CudaKernel::simple:
+      return false;
     case CudaKernel::tensor_core:
       if (!supported)
-        throw std::invalid_argument(std::string(what) + ": the tensor-core kernels need bf16 or fp16 inputs, head_dim "
+        throw std::invalid_argument(std::string(what) +
+                                    ": the tensor-core kernels need bf16 or fp16 inputs, head_dim "
                                     "64 or 128 and 16-byte aligned pointers");
       return true;
-    case CudaKernel::automatic: break;
+    case CudaKernel::automatic:
+      break;
   }
   return supported && !forced_simple();
 }
@@ -87,14 +90,15 @@ __global__ void merge_kernel(int64_t batch, int64_t heads, int64_t rows, int hea
   if (lane == 0) dst_lse[at] = m + logf(sum);
 }
 
-__global__ void delta_kernel(int64_t batch, int64_t heads, int64_t rows, int head_dim, const float* o,
-                             const void* dout, ElementType type, float* delta) {
+__global__ void delta_kernel(int64_t batch, int64_t heads, int64_t rows, int head_dim, const float* o, const void* dout,
+                             ElementType type, float* delta) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // (b, i, h)
   const int lane = threadIdx.x % 32;
   if (row >= batch * rows * heads) return;
   const int64_t h = row % heads, i = (row / heads) % rows, b = row / (heads * rows);
   float sum = 0.0f;
-  for (int d = lane; d < head_dim; d += 32) sum += o[row * head_dim + d] * gpu::load_element(dout, type, row * head_dim + d);
+  for (int d = lane; d < head_dim; d += 32)
+    sum += o[row * head_dim + d] * gpu::load_element(dout, type, row * head_dim + d);
   sum = gpu::warp_sum(sum);
   if (lane == 0) delta[(b * heads + h) * rows + i] = sum;
 }
@@ -164,7 +168,8 @@ void cuda_merge_states(const AttentionDims& dims, int64_t rows, const AttentionS
                        const float* src_lse, cudaStream_t stream) {
   const int64_t n = dims.batch * rows * dims.heads;
   if (n == 0) return;
-  gpu::launch_kernel(merge_kernel, warp_rows_grid(n, "cuda_merge_states"), 256, 0, stream, dims.batch, dims.heads, rows, static_cast<int>(dims.head_dim), dst.o, dst.lse, src_o, src_lse);
+  gpu::launch_kernel(merge_kernel, warp_rows_grid(n, "cuda_merge_states"), 256, 0, stream, dims.batch, dims.heads, rows,
+                     static_cast<int>(dims.head_dim), dst.o, dst.lse, src_o, src_lse);
   RINGATTN_CUDA_CHECK_LAUNCH("cuda_merge_states");
 }
 
@@ -172,7 +177,8 @@ void cuda_attention_delta(const AttentionDims& dims, int64_t rows, const float* 
                           ElementType dout_type, float* delta, cudaStream_t stream) {
   const int64_t n = dims.batch * rows * dims.heads;
   if (n == 0) return;
-  gpu::launch_kernel(delta_kernel, warp_rows_grid(n, "cuda_attention_delta"), 256, 0, stream, dims.batch, dims.heads, rows, static_cast<int>(dims.head_dim), o, dout, dout_type, delta);
+  gpu::launch_kernel(delta_kernel, warp_rows_grid(n, "cuda_attention_delta"), 256, 0, stream, dims.batch, dims.heads,
+                     rows, static_cast<int>(dims.head_dim), o, dout, dout_type, delta);
   RINGATTN_CUDA_CHECK_LAUNCH("cuda_attention_delta");
 }
 

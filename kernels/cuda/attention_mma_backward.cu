@@ -25,10 +25,10 @@ namespace ringattn::kernels::gpu {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kDqRows = 64;   // dQ kernel: query rows per CTA
-constexpr int kDqKeys = 64;   // dQ kernel: keys per block
-constexpr int kKvKeys = 64;   // dK/dV kernel: keys per CTA
-constexpr int kKvRows = 32;   // dK/dV kernel: query rows per tile
+constexpr int kDqRows = 64;  // dQ kernel: query rows per CTA
+constexpr int kDqKeys = 64;  // dQ kernel: keys per block
+constexpr int kKvKeys = 64;  // dK/dV kernel: keys per CTA
+constexpr int kKvRows = 32;  // dK/dV kernel: query rows per tile
 
 // dQ kernel: the query tile (Q, dO, row statistics), then the double-buffered K/V blocks.
 template <int D>
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   constexpr int KC = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kDqRows][LD]
-  uint16_t* dos = qs + kDqRows * LD;                  // [kDqRows][LD]
+  uint16_t* dos = qs + kDqRows * LD;                 // [kDqRows][LD]
   RowMask* rmask = reinterpret_cast<RowMask*>(dos + kDqRows * LD);
   float* lse2 = reinterpret_cast<float*>(rmask + kDqRows);
   float* dlt = lse2 + kDqRows;
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
     float s[NT][4], dp[NT][4];
     product_transposed<T, NT, KC>(qs, ks, LD, warp * 16, lane, s);    // S = Q K^T
     product_transposed<T, NT, KC>(dos, vs, LD, warp * 16, lane, dp);  // dP = dO V^T
-    // dS = P (dP - delta), into s.
+                                                                      // dS = P (dP - delta), into s.
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   constexpr int KC = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);  // [kKvKeys][LD]
-  uint16_t* vs = ks + kKvKeys * LD;                   // [kKvKeys][LD]
+  uint16_t* vs = ks + kKvKeys * LD;                  // [kKvKeys][LD]
   int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKvKeys * LD);
 
   const int64_t kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -194,13 +194,15 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kDqRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_backward");
   allow_smem(dq_kernel<T, D>, dq_smem<D>());
-  launch_kernel(dq_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, dq_smem<D>(), stream, p);
+  launch_kernel(dq_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, dq_smem<D>(),
+                stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("backward_tensor_core dq");
 
   const int64_t blocks = tile_count(p.k_rows, kKvKeys);
   check_grid(blocks, p.kv_heads, p.batch, "cuda_attention_backward");
   allow_smem(dkdv_kernel<T, D>, dkdv_smem<D>());
-  launch_kernel(dkdv_kernel<T, D>, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), kThreads, dkdv_smem<D>(), stream, p);
+  launch_kernel(dkdv_kernel<T, D>, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), kThreads,
+                dkdv_smem<D>(), stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("backward_tensor_core dkdv");
 }
 
@@ -208,8 +210,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 void backward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
   const bool bf16 = p.type == ElementType::bf16;
-  if (p.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  else bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+  if (p.head_dim == 64)
+    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+  else
+    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
 }
 
 }  // namespace ringattn::kernels::gpu

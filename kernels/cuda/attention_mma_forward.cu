@@ -17,8 +17,8 @@
 namespace ringattn::kernels::gpu {
 namespace {
 
-constexpr int kRows = 64;     // query rows per CTA
-constexpr int kKeys = 64;     // keys per block
+constexpr int kRows = 64;  // query rows per CTA
+constexpr int kKeys = 64;  // keys per block
 constexpr int kThreads = 128;
 
 // Q tile and the rows' element masks, then the double-buffered K/V blocks (tile_pipeline.cuh).
@@ -158,8 +158,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
   constexpr size_t smem = forward_smem<D>();
   if (smem > 48 * 1024)
-    RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(forward_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, smem, stream, p);
+    RINGATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_kernel(forward_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, smem,
+                stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("forward_tensor_core");
 }
 
@@ -167,8 +169,10 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
   const bool bf16 = p.type == ElementType::bf16;
-  if (p.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  else bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+  if (p.head_dim == 64)
+    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+  else
+    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
 }
 
 }  // namespace ringattn::kernels::gpu

@@ -57,9 +57,9 @@ __device__ bool tile_sees_any(const AttentionParams& p, const RowSpan& q, TileRa
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(AttentionParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = p.head_dim;
-  float* qs = reinterpret_cast<float*>(smem);          // [kRows][D], scaled to log2 units
-  float* ks = qs + kRows * D;                          // [kKeys][D + 1]
-  float* vs = ks + kKeys * (D + 1);                    // [kKeys][D]
+  float* qs = reinterpret_cast<float*>(smem);  // [kRows][D], scaled to log2 units
+  float* ks = qs + kRows * D;                  // [kKeys][D + 1]
+  float* vs = ks + kKeys * (D + 1);            // [kKeys][D]
   int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKeys * D);
   RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kKeys);
 
@@ -245,9 +245,9 @@ __global__ void __launch_bounds__(32) dkdv_kernel(AttentionParams p) {
   float* dvs = dks + kKeys * (D + 1);
   // One query row at a time: scaled to log2 units for the score (rounded exactly as in the
   // forward pass, so that P matches the forward LSE even for huge scores), raw for dK, and dO.
-  float* qrow = dvs + kKeys * (D + 1);  // [D]
-  float* qraw = qrow + D;               // [D]
-  float* dorow = qraw + D;              // [D]
+  float* qrow = dvs + kKeys * (D + 1);                              // [D]
+  float* qraw = qrow + D;                                           // [D]
+  float* dorow = qraw + D;                                          // [D]
   int64_t* kpos = reinterpret_cast<int64_t*>(dorow + D + (D & 1));  // 8-byte aligned
 
   const int64_t kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -313,8 +313,8 @@ __global__ void __launch_bounds__(32) dkdv_kernel(AttentionParams p) {
 }
 
 size_t forward_smem(int D) {
-  return sizeof(float) * (size_t(kRows) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D) +
-         sizeof(int64_t) * kKeys + sizeof(RowMask) * kRows;
+  return sizeof(float) * (size_t(kRows) * D + size_t(kKeys) * (D + 1) + size_t(kKeys) * D) + sizeof(int64_t) * kKeys +
+         sizeof(RowMask) * kRows;
 }
 size_t dq_smem(int D) {
   return sizeof(float) * (2 * size_t(kRows) * D + 2 * size_t(kKeys) * (D + 1)) + sizeof(int64_t) * kKeys +
@@ -337,7 +337,8 @@ void forward_simple(const AttentionParams& p, cudaStream_t stream) {
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
   const size_t smem = forward_smem(p.head_dim);
   allow_smem(forward_kernel, smem);
-  launch_kernel(forward_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32, smem, stream, p);
+  launch_kernel(forward_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32, smem, stream,
+                p);
   RINGATTN_CUDA_CHECK_LAUNCH("forward_simple");
 }
 

@@ -19,10 +19,10 @@ namespace ringattn::kernels::gpu {
                            ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
-#define RINGATTN_CUDA_CHECK(call)                                                          \
-  do {                                                                                     \
-    const cudaError_t ringattn_cuda_status_ = (call);                                      \
-    if (ringattn_cuda_status_ != cudaSuccess)                                              \
+#define RINGATTN_CUDA_CHECK(call)                                                                   \
+  do {                                                                                              \
+    const cudaError_t ringattn_cuda_status_ = (call);                                               \
+    if (ringattn_cuda_status_ != cudaSuccess)                                                       \
       ::ringattn::kernels::gpu::throw_cuda_error(ringattn_cuda_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
@@ -49,9 +49,12 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); 
 
 __device__ __forceinline__ float load_element(const void* base, ElementType t, int64_t i) {
   switch (t) {
-    case ElementType::f32: return static_cast<const float*>(base)[i];
-    case ElementType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default: return __half2float(static_cast<const __half*>(base)[i]);
+    case ElementType::f32:
+      return static_cast<const float*>(base)[i];
+    case ElementType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(base)[i]);
   }
 }
 

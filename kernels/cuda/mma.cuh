@@ -69,7 +69,9 @@ struct MmaElement<__half> {
 };
 
 __device__ __forceinline__ uint32_t load_pair(const uint16_t* s) { return *reinterpret_cast<const uint32_t*>(s); }
-__device__ __forceinline__ uint32_t pack_halves(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+__device__ __forceinline__ uint32_t pack_halves(uint16_t lo, uint16_t hi) {
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
 
 // A = rows [row0, row0 + 16) x columns [col0, col0 + 16) of a row-major tile.
 __device__ __forceinline__ void load_a(const uint16_t* s, int ld, int row0, int col0, int lane, uint32_t (&a)[4]) {
@@ -160,8 +162,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Copies rows [row0, row0 + count) of head `head` from a (batch, rows, heads, D) tensor into a
 // shared tile of `tile_rows` rows (stride ld), zero past `count`. 16-byte chunks; T is 2 bytes.
 template <int D>
-__device__ __forceinline__ void load_rows_to_shared(uint16_t* s, int ld, int tile_rows, const void* g, int64_t batch_row0,
-                                                    int64_t count, int64_t heads, int64_t head, int tid, int threads) {
+__device__ __forceinline__ void load_rows_to_shared(uint16_t* s, int ld, int tile_rows, const void* g,
+                                                    int64_t batch_row0, int64_t count, int64_t heads, int64_t head,
+                                                    int tid, int threads) {
   constexpr int kChunks = D / 8;
   const uint16_t* src = static_cast<const uint16_t*>(g);
   for (int c = tid; c < tile_rows * kChunks; c += threads) {
@@ -210,8 +213,10 @@ __device__ __forceinline__ void load_rows_to_shared_async(uint16_t* s, int ld, i
   const uint16_t* src = static_cast<const uint16_t*>(g);
   for (int c = tid; c < tile_rows * kChunks; c += threads) {
     const int r = c / kChunks, col = (c % kChunks) * 8;
-    if (r < count) copy_async_16(s + r * ld + col, src + ((batch_row0 + r) * heads + head) * D + col);
-    else *reinterpret_cast<uint4*>(s + r * ld + col) = make_uint4(0, 0, 0, 0);
+    if (r < count)
+      copy_async_16(s + r * ld + col, src + ((batch_row0 + r) * heads + head) * D + col);
+    else
+      *reinterpret_cast<uint4*>(s + r * ld + col) = make_uint4(0, 0, 0, 0);
   }
 }
 

@@ -23,7 +23,9 @@ template <int D, int kKeys, int kThreads>
 struct KeyBlocks {
   static constexpr int LD = D + 8;
   // Shared memory: K [2][kKeys][LD], V likewise (uint16), key positions [2][kKeys].
-  __host__ __device__ static constexpr size_t shared_bytes() { return sizeof(uint16_t) * 4 * size_t(kKeys) * LD + sizeof(int64_t) * 2 * kKeys; }
+  __host__ __device__ static constexpr size_t shared_bytes() {
+    return sizeof(uint16_t) * 4 * size_t(kKeys) * LD + sizeof(int64_t) * 2 * kKeys;
+  }
 
   const AttentionParams& p;
   RowSpan qspan;
@@ -38,9 +40,15 @@ struct KeyBlocks {
 
   __device__ KeyBlocks(const AttentionParams& params, const RowSpan& queries, int64_t batch, int64_t kv_head,
                        unsigned char* shared, int thread)
-      : p(params), qspan(queries), range(key_blocks_for_queries(params.mask, queries, params.k_pos, params.k_rows, kKeys)),
-        b(batch), kvh(kv_head), ks(reinterpret_cast<uint16_t*>(shared)), vs(ks + 2 * kKeys * LD),
-        kpos(reinterpret_cast<int64_t*>(vs + 2 * kKeys * LD)), tid(thread) {}
+      : p(params),
+        qspan(queries),
+        range(key_blocks_for_queries(params.mask, queries, params.k_pos, params.k_rows, kKeys)),
+        b(batch),
+        kvh(kv_head),
+        ks(reinterpret_cast<uint16_t*>(shared)),
+        vs(ks + 2 * kKeys * LD),
+        kpos(reinterpret_cast<int64_t*>(vs + 2 * kKeys * LD)),
+        tid(thread) {}
 
   __device__ int64_t next_visible(int64_t from, TileKind& k) const {
     for (int64_t kb = from; kb < range.last; ++kb) {
@@ -53,8 +61,10 @@ struct KeyBlocks {
   __device__ void issue(int64_t kb, int buf) {
     const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKeys, kb);
     const int64_t row0 = b * p.k_rows + kspan.row0;
-    load_rows_to_shared_async<D>(ks + buf * kKeys * LD, LD, kKeys, p.k, row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
-    load_rows_to_shared_async<D>(vs + buf * kKeys * LD, LD, kKeys, p.v, row0, kspan.count, p.kv_heads, kvh, tid, kThreads);
+    load_rows_to_shared_async<D>(ks + buf * kKeys * LD, LD, kKeys, p.k, row0, kspan.count, p.kv_heads, kvh, tid,
+                                 kThreads);
+    load_rows_to_shared_async<D>(vs + buf * kKeys * LD, LD, kKeys, p.v, row0, kspan.count, p.kv_heads, kvh, tid,
+                                 kThreads);
     for (int j = tid; j < kKeys; j += kThreads) kpos[buf * kKeys + j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
     copy_async_commit();
   }
@@ -112,14 +122,23 @@ struct QueryTiles {
 
   __device__ QueryTiles(const AttentionParams& params, const RowSpan& keys, int64_t batch, int64_t kv_head,
                         unsigned char* shared, int thread)
-      : p(params), kspan(keys), range(query_tiles_for_keys(params.mask, keys, params.q_pos, params.q_rows, kRows)),
-        b(batch), kvh(kv_head), qs(reinterpret_cast<uint16_t*>(shared)), dos(qs + 2 * kRows * LD),
-        rmask(reinterpret_cast<RowMask*>(dos + 2 * kRows * LD)), lse2(reinterpret_cast<float*>(rmask + 2 * kRows)),
-        dlt(lse2 + 2 * kRows), tid(thread) {}
+      : p(params),
+        kspan(keys),
+        range(query_tiles_for_keys(params.mask, keys, params.q_pos, params.q_rows, kRows)),
+        b(batch),
+        kvh(kv_head),
+        qs(reinterpret_cast<uint16_t*>(shared)),
+        dos(qs + 2 * kRows * LD),
+        rmask(reinterpret_cast<RowMask*>(dos + 2 * kRows * LD)),
+        lse2(reinterpret_cast<float*>(rmask + 2 * kRows)),
+        dlt(lse2 + 2 * kRows),
+        tid(thread) {}
 
   __device__ int64_t tiles() const { return range.last - range.first; }
   __device__ int64_t head(int64_t item) const { return kvh * p.group() + item / tiles(); }
-  __device__ RowSpan span(int64_t item) const { return row_span(p.q_pos, p.q_rows, kRows, range.first + item % tiles()); }
+  __device__ RowSpan span(int64_t item) const {
+    return row_span(p.q_pos, p.q_rows, kRows, range.first + item % tiles());
+  }
 
   __device__ int64_t next_visible(int64_t from, TileKind& k) const {
     const int64_t items = p.group() * tiles();
@@ -134,8 +153,10 @@ struct QueryTiles {
     const RowSpan qspan = span(item);
     const int64_t h = head(item), row0 = b * p.q_rows + qspan.row0;
     load_rows_to_shared_async<D>(qs + buf * kRows * LD, LD, kRows, p.q, row0, qspan.count, p.heads, h, tid, kThreads);
-    load_rows_to_shared_async<D>(dos + buf * kRows * LD, LD, kRows, p.dout, row0, qspan.count, p.heads, h, tid, kThreads);
-    load_row_statistics(p, qspan, b, h, kRows, rmask + buf * kRows, lse2 + buf * kRows, dlt + buf * kRows, tid, kThreads);
+    load_rows_to_shared_async<D>(dos + buf * kRows * LD, LD, kRows, p.dout, row0, qspan.count, p.heads, h, tid,
+                                 kThreads);
+    load_row_statistics(p, qspan, b, h, kRows, rmask + buf * kRows, lse2 + buf * kRows, dlt + buf * kRows, tid,
+                        kThreads);
     copy_async_commit();
   }
 

@@ -31,7 +31,9 @@ struct TileRange {
   RINGATTN_HD bool empty() const { return first >= last; }
 };
 
-RINGATTN_HD int64_t tile_count(int64_t rows, int64_t rows_per_tile) { return (rows + rows_per_tile - 1) / rows_per_tile; }
+RINGATTN_HD int64_t tile_count(int64_t rows, int64_t rows_per_tile) {
+  return (rows + rows_per_tile - 1) / rows_per_tile;
+}
 
 RINGATTN_HD RowSpan row_span(const int64_t* pos, int64_t rows, int64_t rows_per_tile, int64_t tile) {
   RowSpan s;
@@ -47,7 +49,10 @@ RINGATTN_HD int64_t first_at_or_after(const int64_t* pos, int64_t n, int64_t val
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (pos[mid] < value) lo = mid + 1; else hi = mid;
+    if (pos[mid] < value)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }

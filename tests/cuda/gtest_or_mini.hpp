@@ -100,7 +100,10 @@ inline int run_all() {
     }
     if (state().failed) ++failed;
     if (state().skipped && !state().failed) ++skipped;
-    std::printf("%s %s\n", state().failed ? "[  FAILED  ]" : state().skipped ? "[  SKIPPED ]" : "[       OK ]",
+    std::printf("%s %s\n",
+                state().failed    ? "[  FAILED  ]"
+                : state().skipped ? "[  SKIPPED ]"
+                                  : "[       OK ]",
                 t.name.c_str());
   }
   std::printf("[==========] %zu tests, %d failed, %d skipped\n", registry().size(), failed, skipped);
@@ -112,10 +115,10 @@ inline int run_all() {
 
 #define MINI_GTEST_CAT2(a, b) a##b
 #define MINI_GTEST_CAT(a, b) MINI_GTEST_CAT2(a, b)
-#define TEST(suite, name)                                                                           \
-  static void MINI_GTEST_CAT(suite##_##name, _body)();                                              \
-  static const ::mini_gtest::Registrar MINI_GTEST_CAT(suite##_##name, _registrar)(#suite, #name,    \
-                                                                                  &MINI_GTEST_CAT(suite##_##name, _body)); \
+#define TEST(suite, name)                                                          \
+  static void MINI_GTEST_CAT(suite##_##name, _body)();                             \
+  static const ::mini_gtest::Registrar MINI_GTEST_CAT(suite##_##name, _registrar)( \
+      #suite, #name, &MINI_GTEST_CAT(suite##_##name, _body));                      \
   static void MINI_GTEST_CAT(suite##_##name, _body)()
 
 // (switch: as GoogleTest, so that an unbraced `if (x) EXPECT_...; else` binds as written.)
@@ -127,25 +130,25 @@ inline int run_all() {
     } else                                    \
       on_fail ::mini_gtest::FailureHelper(__FILE__, __LINE__, text) = ::mini_gtest::Message()
 
-#define MINI_GTEST_CMP(op, a, b, on_fail)                                                            \
+#define MINI_GTEST_CMP(op, a, b, on_fail) \
   MINI_GTEST_CHECK((a)op(b), ::mini_gtest::comparison(#op, #a, #b, (a), (b)), on_fail)
 
 #define EXPECT_TRUE(c) MINI_GTEST_CHECK(static_cast<bool>(c), "Expected true: " #c, )
 #define EXPECT_FALSE(c) MINI_GTEST_CHECK(!static_cast<bool>(c), "Expected false: " #c, )
-#define ASSERT_TRUE(c) MINI_GTEST_CHECK(static_cast<bool>(c), "Expected true: " #c, return)
-#define ASSERT_FALSE(c) MINI_GTEST_CHECK(!static_cast<bool>(c), "Expected false: " #c, return)
+#define ASSERT_TRUE(c) MINI_GTEST_CHECK(static_cast<bool>(c), "Expected true: " #c, return )
+#define ASSERT_FALSE(c) MINI_GTEST_CHECK(!static_cast<bool>(c), "Expected false: " #c, return )
 #define EXPECT_EQ(a, b) MINI_GTEST_CMP(==, a, b, )
 #define EXPECT_NE(a, b) MINI_GTEST_CMP(!=, a, b, )
 #define EXPECT_LE(a, b) MINI_GTEST_CMP(<=, a, b, )
 #define EXPECT_LT(a, b) MINI_GTEST_CMP(<, a, b, )
 #define EXPECT_GE(a, b) MINI_GTEST_CMP(>=, a, b, )
 #define EXPECT_GT(a, b) MINI_GTEST_CMP(>, a, b, )
-#define ASSERT_EQ(a, b) MINI_GTEST_CMP(==, a, b, return)
-#define ASSERT_NE(a, b) MINI_GTEST_CMP(!=, a, b, return)
-#define ASSERT_LE(a, b) MINI_GTEST_CMP(<=, a, b, return)
-#define ASSERT_LT(a, b) MINI_GTEST_CMP(<, a, b, return)
-#define ASSERT_GE(a, b) MINI_GTEST_CMP(>=, a, b, return)
-#define ASSERT_GT(a, b) MINI_GTEST_CMP(>, a, b, return)
+#define ASSERT_EQ(a, b) MINI_GTEST_CMP(==, a, b, return )
+#define ASSERT_NE(a, b) MINI_GTEST_CMP(!=, a, b, return )
+#define ASSERT_LE(a, b) MINI_GTEST_CMP(<=, a, b, return )
+#define ASSERT_LT(a, b) MINI_GTEST_CMP(<, a, b, return )
+#define ASSERT_GE(a, b) MINI_GTEST_CMP(>=, a, b, return )
+#define ASSERT_GT(a, b) MINI_GTEST_CMP(>, a, b, return )
 #define GTEST_SKIP() return ::mini_gtest::SkipHelper() = ::mini_gtest::Message()
 
 #endif  // RINGATTN_HAVE_GTEST

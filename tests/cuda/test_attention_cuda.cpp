@@ -141,8 +141,14 @@ struct DeviceProblem {
   ElementType type;
 
   DeviceProblem(const Problem& p, ElementType t)
-      : q(encode(p.q, t)), k(encode(p.k, t)), v(encode(p.v, t)), dout(encode(p.dout, t)), q_pos(p.q_pos),
-        k_pos(p.k_pos), mask(p.mask), type(t) {}
+      : q(encode(p.q, t)),
+        k(encode(p.k, t)),
+        v(encode(p.v, t)),
+        dout(encode(p.dout, t)),
+        q_pos(p.q_pos),
+        k_pos(p.k_pos),
+        mask(p.mask),
+        type(t) {}
 
   kernels::CudaQueryRows queries(const Problem& p) const { return {q.get(), type, p.rows_q(), q_pos.get()}; }
   // Keys [first, last) of the problem.
@@ -201,8 +207,8 @@ RefOutputs run_reference(const Problem& p) {
   r.o.assign(p.q_elems(), 0.0);
   r.lse.assign(p.lse_elems(), 0.0);
   const MaskView mask = p.mask.view();
-  kernels::reference_forward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
-                             p.k_pos.data(), p.rows_k(), mask, r.o.data(), r.lse.data());
+  kernels::reference_forward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
+                             p.rows_k(), mask, r.o.data(), r.lse.data());
   std::vector<double> delta(p.lse_elems(), 0.0);
   const int64_t H = p.dims.heads, D = p.dims.head_dim, L = p.rows_q();
   for (int64_t b = 0; b < p.dims.batch; ++b)
@@ -218,9 +224,9 @@ RefOutputs run_reference(const Problem& p) {
   r.dq.assign(p.q_elems(), 0.0);
   r.dk.assign(p.k_elems(), 0.0);
   r.dv.assign(p.k_elems(), 0.0);
-  kernels::reference_backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
-                              p.k_pos.data(), p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask,
-                              r.dq.data(), r.dk.data(), r.dv.data());
+  kernels::reference_backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
+                              p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask, r.dq.data(), r.dk.data(),
+                              r.dv.data());
   return r;
 }
 
@@ -239,8 +245,12 @@ Outputs run_naive(const Problem& p, ElementType round) {
   r.dk.assign(p.k_elems(), 0.0f);
   r.dv.assign(p.k_elems(), 0.0f);
   std::vector<float> s(static_cast<size_t>(Lk));
-  auto qrow = [&](const std::vector<float>& x, int64_t b, int64_t i, int64_t h) { return &x[size_t(((b * Lq + i) * H + h) * D)]; };
-  auto krow = [&](const std::vector<float>& x, int64_t b, int64_t j, int64_t kvh) { return &x[size_t(((b * Lk + j) * Hkv + kvh) * D)]; };
+  auto qrow = [&](const std::vector<float>& x, int64_t b, int64_t i, int64_t h) {
+    return &x[size_t(((b * Lq + i) * H + h) * D)];
+  };
+  auto krow = [&](const std::vector<float>& x, int64_t b, int64_t j, int64_t kvh) {
+    return &x[size_t(((b * Lk + j) * Hkv + kvh) * D)];
+  };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Lq; ++i) {
@@ -605,8 +615,9 @@ TEST(AttentionCuda, ChunkedForwardAndBackwardEqualOnePass) {
     for (int c : {2, 0, 1}) {
       part_o.upload(std::vector<float>(p.q_elems(), 0.0f));
       part_lse.upload(std::vector<float>(p.lse_elems(), kNegInf));
-      kernels::cuda_attention_forward(p.dims, dp.queries(p), dp.keys(p, chunks[size_t(c)].first, chunks[size_t(c)].second),
-                                      dp.mask.view, AttentionState{part_o.get(), part_lse.get()}, opt);
+      kernels::cuda_attention_forward(p.dims, dp.queries(p),
+                                      dp.keys(p, chunks[size_t(c)].first, chunks[size_t(c)].second), dp.mask.view,
+                                      AttentionState{part_o.get(), part_lse.get()}, opt);
       kernels::cuda_merge_states(p.dims, p.rows_q(), AttentionState{o2.get(), lse2.get()}, part_o.get(), part_lse.get(),
                                  nullptr);
     }

@@ -92,8 +92,8 @@ TEST(CudaBackend, KernelsMatchTheCpuBackend) {
   const int64_t nk = dims.batch * int64_t(kpos.size()) * dims.kv_heads * dims.head_dim;
   const int64_t nl = dims.batch * dims.heads * int64_t(qpos.size());
   for (DType dtype : {DType::f32, DType::bf16}) {
-    std::vector<float> q = random_vector(size_t(nq), 1), k = random_vector(size_t(nk), 2), v = random_vector(size_t(nk), 3),
-                       dout = random_vector(size_t(nq), 4);
+    std::vector<float> q = random_vector(size_t(nq), 1), k = random_vector(size_t(nk), 2),
+                       v = random_vector(size_t(nk), 3), dout = random_vector(size_t(nq), 4);
     std::vector<std::vector<float>> results[2];
     int which = 0;
     for (AttentionBackend* be : {gpu.get(), cpu.get()}) {
@@ -110,7 +110,8 @@ TEST(CudaBackend, KernelsMatchTheCpuBackend) {
       be->forward(dims, qr, kv, view, kernels::AttentionState{o.as<float>(), lse.as<float>()}, {});
       DeviceBuffer delta(*be, sizeof(float) * size_t(nl));
       be->delta(dims, int64_t(qpos.size()), o.as<float>(), ddo.data(), dtype, delta.as<float>());
-      DeviceBuffer dq(*be, sizeof(float) * size_t(nq)), dk(*be, sizeof(float) * size_t(nk)), dv(*be, sizeof(float) * size_t(nk));
+      DeviceBuffer dq(*be, sizeof(float) * size_t(nq)), dk(*be, sizeof(float) * size_t(nk)),
+          dv(*be, sizeof(float) * size_t(nk));
       for (DeviceBuffer* b : {&dq, &dk, &dv}) be->zero(b->data(), b->bytes());
       be->backward(dims, qr, kv, ddo.data(), lse.as<float>(), delta.as<float>(), dq.as<float>(), dk.as<float>(),
                    dv.as<float>(), view, {});

@@ -85,8 +85,10 @@ Result run_ring(comm::Communicator& comm, AttentionBackend& be, const Case& c, c
     random_rows(x.data(), 7, t, B, c.seq_len, heads * D, pos.data(), rows);
     return x;
   };
-  DeviceBuffer q = to_backend(be, make(RandomTensor::q, H), dtype), k = to_backend(be, make(RandomTensor::k, Hkv), dtype),
-               v = to_backend(be, make(RandomTensor::v, Hkv), dtype), dout = to_backend(be, make(RandomTensor::dout, H), dtype);
+  DeviceBuffer q = to_backend(be, make(RandomTensor::q, H), dtype),
+               k = to_backend(be, make(RandomTensor::k, Hkv), dtype),
+               v = to_backend(be, make(RandomTensor::v, Hkv), dtype),
+               dout = to_backend(be, make(RandomTensor::dout, H), dtype);
   DeviceBuffer o(be, sizeof(float) * size_t(B * rows * H * D)), lse(be, sizeof(float) * size_t(B * H * rows));
   DeviceBuffer dq(be, o.bytes()), dk(be, sizeof(float) * size_t(B * rows * Hkv * D)), dv(be, dk.bytes());
   RingAttention ring(comm, be, layout, c.mask, RingOptions{dims, dtype, schedule});

@@ -96,8 +96,8 @@ void check_plan(const MaskView& m, const std::vector<int64_t>& qp, const std::ve
       if (seen > 0) {
         ASSERT_TRUE(in_candidates) << what << ": key block " << kb << " missing for query tile " << qt;
         ASSERT_TRUE(in_back) << what << ": query tile " << qt << " missing for key block " << kb;
-        ASSERT_NE(int(kind), int(TileKind::empty)) << what << ": tile " << qt << " x block " << kb << " sees "
-                                                  << seen << " pairs but is classified empty";
+        ASSERT_NE(int(kind), int(TileKind::empty))
+            << what << ": tile " << qt << " x block " << kb << " sees " << seen << " pairs but is classified empty";
       }
       if (kind == TileKind::full) {
         ASSERT_EQ(seen, pairs) << what << ": tile " << qt << " x block " << kb << " classified full";

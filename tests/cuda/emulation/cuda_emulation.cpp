@@ -78,8 +78,8 @@ struct AsyncCopy {
 };
 
 struct Fiber {
-  std::vector<AsyncCopy> open_group;                 // cp.async issued, not committed
-  std::vector<std::vector<AsyncCopy>> in_flight;     // committed groups, oldest first
+  std::vector<AsyncCopy> open_group;              // cp.async issued, not committed
+  std::vector<std::vector<AsyncCopy>> in_flight;  // committed groups, oldest first
   ucontext_t context{};
   void* sp = nullptr;  // saved stack pointer (fast switch)
   Coordinates coords;
@@ -167,11 +167,13 @@ void fiber_main() {
   // some lanes wait in while another lane exits is a bug (undefined on the GPU).
   Group& warp = b.warps[size_t(f.coords.thread.x / 32)];
   if (warp.arrived > 0 && !b.error)
-    b.error = std::make_exception_ptr(std::runtime_error("CUDA emulation: a thread exited while its warp waits in "
-                                                         "__syncwarp, a shuffle or mma.sync"));
+    b.error =
+        std::make_exception_ptr(std::runtime_error("CUDA emulation: a thread exited while its warp waits in "
+                                                   "__syncwarp, a shuffle or mma.sync"));
   if (b.block.arrived > 0 && !b.error)
-    b.error = std::make_exception_ptr(std::runtime_error("CUDA emulation: a thread exited while others wait in "
-                                                         "__syncthreads"));
+    b.error =
+        std::make_exception_ptr(std::runtime_error("CUDA emulation: a thread exited while others wait in "
+                                                   "__syncthreads"));
   for (Group* g : {&b.block, &warp}) {
     --g->live;
     if (g->live > 0 && g->arrived == g->live) release(*g);
@@ -350,8 +352,7 @@ void async_wait(int groups_in_flight) {
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
   if (g_block) fail("kernel launched from inside a kernel");
   const size_t threads = size_t(block.x) * block.y * block.z;
-  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-      grid.z > 65535) {
+  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
     g_last_error = cudaErrorInvalidConfiguration;
     return;
   }
@@ -390,8 +391,8 @@ uint16_t float_to_half_bits(float f) {
   const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN, inf
-  if (abs >= 0x477ff000u) return sign | 0x7c00;                                  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                                                        // below 2^-14: subnormal
+  if (abs >= 0x477ff000u) return sign | 0x7c00;                                 // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                                                      // below 2^-14: subnormal
     float v;
     std::memcpy(&v, &abs, 4);
     return sign | uint16_t(std::nearbyint(v * 16777216.0f));  // exact scaling, round to nearest even
@@ -406,9 +407,12 @@ float half_bits_to_float(uint16_t h) {
   const int exponent = (h >> 10) & 0x1f;
   const uint32_t mantissa = h & 0x3ffu;
   float f;
-  if (exponent == 0) f = std::ldexp(float(mantissa), -24);
-  else if (exponent == 31) f = mantissa ? NAN : INFINITY;
-  else f = std::ldexp(float(mantissa | 0x400u), exponent - 25);
+  if (exponent == 0)
+    f = std::ldexp(float(mantissa), -24);
+  else if (exponent == 31)
+    f = mantissa ? NAN : INFINITY;
+  else
+    f = std::ldexp(float(mantissa | 0x400u), exponent - 25);
   return (h & 0x8000) ? -f : f;
 }
 
@@ -416,23 +420,35 @@ float half_bits_to_float(uint16_t h) {
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    default: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return "unspecified launch failure";
   }
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    default: return "cudaErrorLaunchFailure";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorLaunchFailure";
   }
 }
 

@@ -64,8 +64,12 @@ enum cudaError_t : int {
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
-enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2,
-                      cudaMemoryTypeManaged = 3 };
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3
+};
 struct cudaPointerAttributes {
   cudaMemoryType type = cudaMemoryTypeUnregistered;
   int device = 0;
@@ -169,7 +173,9 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return {uint16_t((u >> 16) | 0x40)};
   return {uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
-inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
 inline float __half2float(__half h) { return cuda_emulation::half_bits_to_float(h.bits); }
 inline __half __float2half_rn(float f) { return {cuda_emulation::float_to_half_bits(f)}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
@@ -192,7 +198,9 @@ inline unsigned __float_as_uint(float f) {
 }
 inline void __syncthreads() { cuda_emulation::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { cuda_emulation::sync_warp(); }
-inline float __shfl_sync(unsigned, float v, int source_lane, int = 32) { return cuda_emulation::shuffle(v, source_lane); }
+inline float __shfl_sync(unsigned, float v, int source_lane, int = 32) {
+  return cuda_emulation::shuffle(v, source_lane);
+}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int = 32) {
   return cuda_emulation::shuffle(v, int(threadIdx.x % 32) ^ lane_mask);
 }
@@ -214,7 +222,8 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
 cudaError_t cudaDeviceSynchronize();
