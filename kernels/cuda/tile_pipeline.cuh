@@ -19,6 +19,28 @@
 
 namespace ringattn::kernels::gpu {
 
+// The double-buffered loop shared by both: `source` provides next_visible(from, kind),
+// issue(item, buffer) and call(body, item, kind, buffer); `current`/`kind` hold the first
+// visible item, already issued into buffer 0.
+template <class Source, class Body>
+__device__ __forceinline__ void run_pipeline(Source& source, int64_t& current, TileKind& kind, Body& body) {
+  for (int buf = 0; current >= 0; buf ^= 1) {
+    TileKind next_kind = TileKind::empty;
+    const int64_t next = source.next_visible(current + 1, next_kind);
+    if (next >= 0) {
+      source.issue(next, buf ^ 1);  // that buffer was last read before the previous iteration's final barrier
+      copy_async_wait<1>();         // this thread's copies of the current item have landed
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // and every thread's
+    source.call(body, current, kind, buf);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+    current = next;
+    kind = next_kind;
+  }
+}
+
 template <int D, int kKeys, int kThreads>
 struct KeyBlocks {
   static constexpr int LD = D + 8;
@@ -76,25 +98,16 @@ struct KeyBlocks {
     return true;
   }
 
-  // body(kspan, kind, K tile, V tile, key positions)
+  // body(kspan, kind, K tile, V tile, key positions) for every visible block, in order.
   template <class Body>
   __device__ void run(Body&& body) {
-    for (int buf = 0; current >= 0; buf ^= 1) {
-      TileKind next_kind = TileKind::empty;
-      const int64_t next = next_visible(current + 1, next_kind);
-      if (next >= 0) {
-        issue(next, buf ^ 1);  // that buffer was last read before the previous iteration's final barrier
-        copy_async_wait<1>();  // this thread's copies of the current block have landed
-      } else {
-        copy_async_wait<0>();
-      }
-      __syncthreads();  // and every thread's
-      body(row_span(p.k_pos, p.k_rows, kKeys, current), kind, static_cast<const uint16_t*>(ks + buf * kKeys * LD),
-           static_cast<const uint16_t*>(vs + buf * kKeys * LD), static_cast<const int64_t*>(kpos + buf * kKeys));
-      __syncthreads();  // every warp is done with this buffer before it is refilled
-      current = next;
-      kind = next_kind;
-    }
+    run_pipeline(*this, current, kind, body);
+  }
+
+  template <class Body>
+  __device__ void call(Body& body, int64_t kb, TileKind k, int buf) const {
+    body(row_span(p.k_pos, p.k_rows, kKeys, kb), k, static_cast<const uint16_t*>(ks + buf * kKeys * LD),
+         static_cast<const uint16_t*>(vs + buf * kKeys * LD), static_cast<const int64_t*>(kpos + buf * kKeys));
   }
 };
 
@@ -168,26 +181,17 @@ struct QueryTiles {
     return true;
   }
 
-  // body(qspan, kind, Q tile, dO tile, row masks, LSE offsets, delta)
+  // body(qspan, kind, Q tile, dO tile, row masks, LSE offsets, delta) for every visible tile, in order.
   template <class Body>
   __device__ void run(Body&& body) {
-    for (int buf = 0; current >= 0; buf ^= 1) {
-      TileKind next_kind = TileKind::empty;
-      const int64_t next = next_visible(current + 1, next_kind);
-      if (next >= 0) {
-        issue(next, buf ^ 1);
-        copy_async_wait<1>();
-      } else {
-        copy_async_wait<0>();
-      }
-      __syncthreads();
-      body(span(current), kind, static_cast<const uint16_t*>(qs + buf * kRows * LD),
-           static_cast<const uint16_t*>(dos + buf * kRows * LD), static_cast<const RowMask*>(rmask + buf * kRows),
-           static_cast<const float*>(lse2 + buf * kRows), static_cast<const float*>(dlt + buf * kRows));
-      __syncthreads();
-      current = next;
-      kind = next_kind;
-    }
+    run_pipeline(*this, current, kind, body);
+  }
+
+  template <class Body>
+  __device__ void call(Body& body, int64_t item, TileKind k, int buf) const {
+    body(span(item), k, static_cast<const uint16_t*>(qs + buf * kRows * LD),
+         static_cast<const uint16_t*>(dos + buf * kRows * LD), static_cast<const RowMask*>(rmask + buf * kRows),
+         static_cast<const float*>(lse2 + buf * kRows), static_cast<const float*>(dlt + buf * kRows));
   }
 };
 
