@@ -53,6 +53,14 @@ def bench(args):
         return statistics.median(times)
 
     points = []
+
+    def write_json():  # after every point, so that a run stopped by a timeout keeps its results
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"config": {"device": name, "torch": torch.__version__, "dtype": args.dtype,
+                                      "batch": args.batch, "heads": args.heads, "warmup": args.warmup,
+                                      "iters": args.iters}, "points": points}, f, indent=1)
+
     for head_dim in args.head_dims:
         for length in args.lengths:
             for causal in causal_values:
@@ -88,13 +96,10 @@ def bench(args):
                     print(f"  {head_dim:>4} {length:>7} {'yes' if causal else 'no':>6} {point['forward_ms']:>10.3f} "
                           f"{point['forward_tflops']:>10.1f} {point['backward_ms']:>10.3f} {point['backward_tflops']:>10.1f}")
                 sys.stdout.flush()
+                write_json()
                 del q, k, v, dout
                 torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": {"device": name, "torch": torch.__version__, "dtype": args.dtype,
-                                  "batch": args.batch, "heads": args.heads, "warmup": args.warmup,
-                                  "iters": args.iters}, "points": points}, f, indent=1)
+    write_json()
     return 0
 
 

@@ -312,19 +312,9 @@ int main(int argc, char** argv) {
                 "bwd_ms", "bwd_TF/s", "max_err", "#wrong");
     std::vector<Point> points;
     int wrong = 0;
-    for (int64_t D : o.head_dims)
-      for (int64_t L : o.lengths)
-        for (bool causal : o.causal) {
-          const Point p = run_point(o, D, L, causal, stream);
-          wrong += p.wrong;
-          std::printf("  %4lld %7lld %6s %12s %10.3f %10.1f %10.3f %10.1f %10.2e %6d\n", (long long)D, (long long)L,
-                      causal ? "yes" : "no", p.kernel.c_str(), p.forward_ms, p.forward_tflops, p.backward_ms,
-                      p.backward_tflops, p.max_abs_err, p.wrong);
-          std::fflush(stdout);
-          points.push_back(p);
-        }
-    std::printf("# %s\n", wrong ? "WRONG RESULTS" : "all sampled rows correct");
-    if (!o.json.empty()) {
+    // The JSON is rewritten after every point, so that a run stopped by a timeout keeps its results.
+    auto write_json = [&] {
+      if (o.json.empty()) return;
       std::ofstream f(o.json);
       f << "{\"config\": {\"device\": \"" << prop.name << "\", \"dtype\": \"" << kernels::element_name(o.type)
         << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads << ", \"warmup\": " << o.warmup
@@ -339,7 +329,21 @@ int main(int argc, char** argv) {
           << ", \"wrong\": " << p.wrong << "}";
       }
       f << "\n ]}\n";
-    }
+    };
+    write_json();
+    for (int64_t D : o.head_dims)
+      for (int64_t L : o.lengths)
+        for (bool causal : o.causal) {
+          const Point p = run_point(o, D, L, causal, stream);
+          wrong += p.wrong;
+          std::printf("  %4lld %7lld %6s %12s %10.3f %10.1f %10.3f %10.1f %10.2e %6d\n", (long long)D, (long long)L,
+                      causal ? "yes" : "no", p.kernel.c_str(), p.forward_ms, p.forward_tflops, p.backward_ms,
+                      p.backward_tflops, p.max_abs_err, p.wrong);
+          std::fflush(stdout);
+          points.push_back(p);
+          write_json();
+        }
+    std::printf("# %s\n", wrong ? "WRONG RESULTS" : "all sampled rows correct");
     cudaStreamDestroy(stream);
     return wrong ? 3 : 0;
   } catch (const std::invalid_argument& e) {
