@@ -32,6 +32,7 @@ logs=${OUT:-$build}
 mkdir -p "$logs" "$(dirname "$result")"
 steps=$build/steps.txt
 : > "$steps"
+rm -f "$build/ours.json" "$build/torch.json"  # no stale results from an earlier run
 status=0
 jobs=$(nproc 2>/dev/null || echo 4)
 arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')}
