@@ -1,0 +1,178 @@
+// Tensor-core forward pass (FlashAttention-2 tiling, mma.sync m16n8k16, bf16/fp16 in, fp32 out).
+//
+// CTA = 4 warps = a tile of 64 query rows for one (head, batch); warp w owns rows 16w..16w+15.
+// The Q tile is staged in shared memory once and its A fragments kept in registers; the visible
+// blocks of 64 keys pass through two shared-memory buffers (the next block's K and V are copied
+// with cp.async while this one is computed, tile_pipeline.cuh); S = Q K^T is computed into
+// registers, masked (partial blocks only) and turned into P with the online softmax, and
+// O += P V with P rounded to the input type. Key blocks are visited in ascending order; blocks
+// the mask hides are skipped before any load (tile_plan.hpp). The incoming partial state (O, LSE)
+// is the starting point, so the call merges into it exactly as attention_forward does on the CPU.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/params.cuh"
+#include "kernels/cuda/tile_pipeline.cuh"
+#include "kernels/cuda/tile_plan.hpp"
+
+namespace ringattn::kernels::gpu {
+namespace {
+
+constexpr int kRows = 64;  // query rows per CTA
+constexpr int kKeys = 64;  // keys per block
+constexpr int kThreads = 128;
+
+// Q tile and the rows' element masks, then the double-buffered K/V blocks (tile_pipeline.cuh).
+template <int D>
+__host__ __device__ constexpr size_t q_tile_bytes() {
+  return sizeof(uint16_t) * size_t(kRows) * (D + 8) + sizeof(RowMask) * kRows;
+}
+template <int D>
+__host__ __device__ constexpr size_t forward_smem() {
+  return q_tile_bytes<D>() + KeyBlocks<D, kKeys, kThreads>::shared_bytes();
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
+  constexpr int LD = D + 8;
+  constexpr int NT = kKeys / 8;  // score n-tiles per warp
+  constexpr int DT = D / 8;      // output n-tiles per warp
+  constexpr int KC = D / 16;     // k-chunks of the head dim
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kRows][LD]
+  RowMask* rmask = reinterpret_cast<RowMask*>(qs + kRows * LD);
+
+  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
+  const RowSpan qspan = row_span(p.q_pos, p.q_rows, kRows, tile);
+  KeyBlocks<D, kKeys, kThreads> keys(p, qspan, b, kvh, smem + q_tile_bytes<D>(), tid);
+  if (!keys.start()) return;  // these queries see none of these keys: the state keeps what it holds
+
+  load_rows_to_shared<D>(qs, LD, kRows, p.q, b * p.q_rows + qspan.row0, qspan.count, p.heads, h, tid, kThreads);
+  for (int r = tid; r < kRows; r += kThreads)
+    rmask[r] = r < qspan.count ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
+
+  // This thread's two rows (local indices) and the incoming state for them.
+  const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
+  float m[2], l[2], o[DT][4];
+  bool grew[2] = {false, false};  // saw a visible key in this call; other rows keep their state bit for bit
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const bool valid = rows[rr] < qspan.count;
+    const float lse_in = valid ? p.lse[(b * p.heads + h) * p.q_rows + qspan.row0 + rows[rr]] : neg_inf();
+    const bool seen = valid && lse_in != neg_inf();
+    m[rr] = seen ? lse_in * kLog2e : neg_inf();
+    l[rr] = seen ? 1.0f : 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][2 * rr] = o[dt][2 * rr + 1] = 0.0f;
+    if (seen) {
+      const float* orow = p.o + ((b * p.q_rows + qspan.row0 + rows[rr]) * p.heads + h) * D + 2 * quad_lane;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const float2 x = *reinterpret_cast<const float2*>(orow + dt * 8);
+        o[dt][2 * rr] = x.x;
+        o[dt][2 * rr + 1] = x.y;
+      }
+    }
+  }
+  __syncthreads();  // Q tile and row masks in shared memory
+
+  uint32_t qa[KC][4];
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) load_a(qs, LD, warp * 16, kc * 16, lane, qa[kc]);
+
+  const float scale_log2 = p.scale * kLog2e;
+  keys.run([&](const RowSpan& kspan, TileKind kind, const uint16_t* kt, const uint16_t* vt, const int64_t* kp) {
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bk[2];
+        load_b_transposed(kt, LD, nt * 8, kc * 16, lane, bk);
+        MmaElement<T>::mma(s[nt], qa[kc], bk);
+      }
+
+    // Scores in log2 units; keys past the block's end, and hidden keys of partial blocks, at -inf.
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * quad_lane + (e & 1);
+        bool ok = col < kspan.count;
+        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[rows[e >> 1]], kp[col]);
+        s[nt][e] = ok ? s[nt][e] * scale_log2 : neg_inf();
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+      }
+    float alpha[2], m_safe[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float row_max = quad_max(mx[rr]);
+      grew[rr] = grew[rr] || row_max != neg_inf();
+      const float m_new = fmaxf(m[rr], row_max);
+      // A row that has seen only masked keys keeps m = -inf; a finite stand-in keeps exp2 at 0, not NaN.
+      m_safe[rr] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[rr] = exp2f(m[rr] - m_safe[rr]);
+      m[rr] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - m_safe[e >> 1]);
+        sum[e >> 1] += s[nt][e];
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) l[rr] = l[rr] * alpha[rr] + quad_sum(sum[rr]);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1];
+      o[dt][3] *= alpha[1];
+    }
+
+    // O += P V, P as the A operand straight from the score registers.
+    accumulate_product<T, kKeys / 16, DT>(s, vt, LD, lane, o);
+  });
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    if (rows[rr] >= qspan.count || !grew[rr]) continue;
+    const bool seen = l[rr] > 0.0f;
+    const float inv = seen ? 1.0f / l[rr] : 0.0f;
+    float* orow = p.o + ((b * p.q_rows + qspan.row0 + rows[rr]) * p.heads + h) * D + 2 * quad_lane;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      *reinterpret_cast<float2*>(orow + dt * 8) = make_float2(o[dt][2 * rr] * inv, o[dt][2 * rr + 1] * inv);
+    if (quad_lane == 0)
+      p.lse[(b * p.heads + h) * p.q_rows + qspan.row0 + rows[rr]] = seen ? (m[rr] + log2f(l[rr])) * kLn2 : neg_inf();
+  }
+}
+
+template <class T, int D>
+void launch(const AttentionParams& p, cudaStream_t stream) {
+  const int64_t tiles = tile_count(p.q_rows, kRows);
+  check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
+  constexpr size_t smem = forward_smem<D>();
+  if (smem > 48 * 1024)
+    RINGATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_kernel(forward_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, smem,
+                stream, p);
+  RINGATTN_CUDA_CHECK_LAUNCH("forward_tensor_core");
+}
+
+}  // namespace
+
+void forward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
+  const bool bf16 = p.type == ElementType::bf16;
+  if (p.head_dim == 64)
+    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+  else
+    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+}
+
+}  // namespace ringattn::kernels::gpu

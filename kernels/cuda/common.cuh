@@ -1,0 +1,85 @@
+// Pieces shared by the CUDA kernels: error checks, element loads, warp reductions, constants.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention_cuda.hpp"
+
+namespace ringattn::kernels::gpu {
+
+// A CUDA runtime failure, with the call and where it was made (NCCL's CHECK style).
+[[noreturn]] inline void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line) {
+  throw std::runtime_error(std::string("CUDA error: ") + call + " failed at " + file + ":" + std::to_string(line) +
+                           ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define RINGATTN_CUDA_CHECK(call)                                                                   \
+  do {                                                                                              \
+    const cudaError_t ringattn_cuda_status_ = (call);                                               \
+    if (ringattn_cuda_status_ != cudaSuccess)                                                       \
+      ::ringattn::kernels::gpu::throw_cuda_error(ringattn_cuda_status_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: reports a bad configuration at once (execution errors surface later).
+#define RINGATTN_CUDA_CHECK_LAUNCH(name) RINGATTN_CUDA_CHECK(cudaPeekAtLastError())
+
+// Every kernel launch goes through here: kernel<<<grid, block, shared bytes, stream>>>(args), or,
+// in the CPU emulation the tests build (tests/cuda/emulation), the emulator's launch.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   const Args&... args) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::launch(kernel, grid, block, shared_bytes, stream, args...);
+#else
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+#endif
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+__device__ __forceinline__ float load_element(const void* base, ElementType t, int64_t i) {
+  switch (t) {
+    case ElementType::f32:
+      return static_cast<const float*>(base)[i];
+    case ElementType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(base)[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// LSE (natural log) as the log2 offset that turns log2-scaled scores into probabilities; rows
+// that saw no key (LSE = -inf) get +inf, so that their P is exactly 0.
+__device__ __forceinline__ float lse_to_log2_offset(float lse) { return lse == neg_inf() ? pos_inf() : lse * kLog2e; }
+
+inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+// Launch geometry limits: grid y and z take at most 65535.
+inline void check_grid(int64_t tiles, int64_t heads, int64_t batch, const char* what) {
+  if (tiles > 0x7fffffff || heads > 65535 || batch > 65535)
+    throw std::invalid_argument(std::string(what) + ": too many tiles, heads or batch entries for one launch");
+}
+
+}  // namespace ringattn::kernels::gpu

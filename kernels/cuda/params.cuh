@@ -1,0 +1,54 @@
+// One parameter struct for every attention kernel launch (FlashAttention's Flash_fwd_params
+// idea), and the launchers each implementation provides. Private to kernels/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention_cuda.hpp"
+#include "kernels/mask.hpp"
+
+namespace ringattn::kernels::gpu {
+
+struct AttentionParams {
+  int64_t batch = 1, heads = 1, kv_heads = 1;
+  int head_dim = 64;
+  float scale = 0.125f;
+  ElementType type = ElementType::bf16;
+
+  const void* q = nullptr;  // (B, q_rows, H, D); dout has the same layout and type
+  int64_t q_rows = 0;
+  const int64_t* q_pos = nullptr;
+  const void* k = nullptr;  // (B, k_rows, Hkv, D)
+  const void* v = nullptr;
+  int64_t k_rows = 0;
+  const int64_t* k_pos = nullptr;
+  MaskView mask;  // device pointers; run index unused
+
+  // Forward: the state, read and rewritten.
+  float* o = nullptr;    // (B, q_rows, H, D)
+  float* lse = nullptr;  // (B, H, q_rows)
+
+  // Backward.
+  const void* dout = nullptr;
+  const float* lse_in = nullptr;  // (B, H, q_rows), natural log
+  const float* delta = nullptr;   // (B, H, q_rows)
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+
+  __host__ __device__ int64_t group() const { return heads / kv_heads; }
+};
+
+// CUDA-core fp32 kernels (any element type, head_dim <= 256).
+void forward_simple(const AttentionParams& p, cudaStream_t stream);
+void backward_simple(const AttentionParams& p, cudaStream_t stream);
+
+// Tensor-core kernels (bf16/fp16, head_dim 64 or 128, 16-byte aligned inputs).
+void forward_tensor_core(const AttentionParams& p, cudaStream_t stream);
+void backward_tensor_core(const AttentionParams& p, cudaStream_t stream);
+
+constexpr int kSimpleMaxHeadDim = 256;
+
+}  // namespace ringattn::kernels::gpu

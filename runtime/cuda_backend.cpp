@@ -1,0 +1,221 @@
+// The CUDA backend (runtime/cuda_backend.hpp).
+#include "runtime/cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/attention_cuda.hpp"
+#include "kernels/cuda_elementwise.hpp"
+#include "runtime/errors.hpp"
+
+namespace ringattn {
+namespace {
+
+[[noreturn]] void fail(cudaError_t e, const std::string& what) {
+  throw RuntimeFault("CUDA backend: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(e, what);
+}
+
+// A device copy of a host array, re-uploaded only when the host content changes.
+class DeviceMirror {
+ public:
+  DeviceMirror() = default;
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  ~DeviceMirror() {
+    if (device_) cudaFree(device_);
+  }
+
+  // Device pointer holding `bytes` bytes equal to `host` (stream-ordered upload on `stream`).
+  const void* get(const void* host, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return nullptr;
+    if (bytes == copy_.size() && std::memcmp(copy_.data(), host, bytes) == 0) return device_;
+    if (bytes > capacity_) {
+      if (device_) check(cudaFree(device_), "cudaFree");
+      device_ = nullptr;
+      check(cudaMalloc(&device_, bytes), "cudaMalloc for positions or mask");
+      capacity_ = bytes;
+    }
+    copy_.assign(static_cast<const unsigned char*>(host), static_cast<const unsigned char*>(host) + bytes);
+    // From the host copy, which lives until the next upload: that one is ordered after this.
+    check(cudaMemcpyAsync(device_, copy_.data(), bytes, cudaMemcpyHostToDevice, stream), "uploading positions or mask");
+    // copy_ may be overwritten by the next call before this copy ran: wait for it.
+    check(cudaStreamSynchronize(stream), "uploading positions or mask");
+    return device_;
+  }
+
+ private:
+  void* device_ = nullptr;
+  size_t capacity_ = 0;
+  std::vector<unsigned char> copy_;
+};
+
+class CudaBackend final : public AttentionBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    check(cudaSetDevice(device), ("selecting device " + std::to_string(device)).c_str());
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  comm::MemorySpace memory() const override { return comm::MemorySpace::device; }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess)
+      fail(e, "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
+    return p;
+  }
+  // cudaFree waits for the whole device: buffers are released between passes, never while a
+  // transfer on them is in flight.
+  void release(void* p) override { check(cudaFree(p), "cudaFree"); }
+  void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync"); }
+  void fill(float* p, size_t n, float value) override { kernels::cuda_fill(p, n, value, stream_); }
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload");
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    check(cudaStreamSynchronize(stream_), "download");
+  }
+
+  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
+                   const std::vector<RowRange>& ranges) override {
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        const size_t n = static_cast<size_t>(r.end - r.begin) * row_bytes;
+        if (n == 0) continue;
+        check(cudaMemcpyAsync(out, in + static_cast<size_t>(b * src_rows + r.begin) * row_bytes, n,
+                              cudaMemcpyDeviceToDevice, stream_),
+              "gather_rows");
+        out += n;
+      }
+  }
+
+  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
+                        const std::vector<RowRange>& ranges) override {
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        const int64_t n = (r.end - r.begin) * row_elems;
+        kernels::cuda_add(dst + (b * dst_rows + r.begin) * row_elems, src, static_cast<size_t>(n), stream_);
+        src += n;
+      }
+    wait({});
+  }
+
+  void add(float* dst, const float* src, size_t n) override {
+    kernels::cuda_add(dst, src, n, stream_);
+    wait({});
+  }
+
+  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+               const MaskView& mask, const kernels::AttentionState& state,
+               const std::function<void()>& progress) override {
+    if (q.rows == 0 || kv.rows == 0) return;
+    const MaskView m = device_mask(mask);
+    const kernels::CudaQueryRows dq{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+                                        positions(k_pos_, kv.pos, kv.rows)};
+    kernels::cuda_attention_forward(dims, dq, dkv, m, state, options());
+    wait(progress);
+  }
+
+  void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
+             float* delta) override {
+    kernels::cuda_attention_delta(dims, rows, o, dout, kernels::element_type(dtype), delta, stream_);
+  }
+
+  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                const MaskView& mask, const std::function<void()>& progress) override {
+    if (q.rows == 0 || kv.rows == 0) return;
+    const MaskView m = device_mask(mask);
+    const kernels::CudaQueryRows dqr{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+                                        positions(k_pos_, kv.pos, kv.rows)};
+    kernels::cuda_attention_backward(dims, dqr, dkv, dout, lse, delta, dq, dk, dv, m, options());
+    wait(progress);
+  }
+
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+
+ private:
+  kernels::CudaOptions options() const {
+    kernels::CudaOptions o;
+    o.stream = stream_;
+    return o;
+  }
+
+  const int64_t* positions(DeviceMirror& mirror, const int64_t* host, int64_t rows) {
+    return static_cast<const int64_t*>(mirror.get(host, sizeof(int64_t) * static_cast<size_t>(rows), stream_));
+  }
+
+  // The mask with its arrays on the device (its host-side run index is not used by the kernels).
+  MaskView device_mask(const MaskView& host) {
+    MaskView m = host;
+    if (host.has_docs())
+      m.doc_offsets = static_cast<const int64_t*>(
+          docs_.get(host.doc_offsets, sizeof(int64_t) * static_cast<size_t>(host.num_docs + 1), stream_));
+    if (host.has_block_mask())
+      m.block_mask = static_cast<const uint8_t*>(
+          blocks_.get(host.block_mask, static_cast<size_t>(host.block_count * host.block_count), stream_));
+    m.row_run_ptr = nullptr, m.row_runs = nullptr, m.col_run_ptr = nullptr, m.col_runs = nullptr;
+    return m;
+  }
+
+  // Waits for the stream, calling `progress` meanwhile (spinning briefly, then yielding the core).
+  void wait(const std::function<void()>& progress) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) fail(e, "attention kernels");
+      if (progress) progress();
+      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(100))
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  DeviceMirror q_pos_, k_pos_, docs_, blocks_;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear: no driver or no device is not an error here
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_device_available() { return cuda_device_count() > 0; }
+
+std::unique_ptr<AttentionBackend> make_cuda_backend(int device) {
+  const int n = cuda_device_count();
+  if (device < 0 || device >= n)
+    throw RuntimeFault("--backend cuda: device " + std::to_string(device) + " requested, " + std::to_string(n) +
+                       " CUDA device(s) visible");
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace ringattn

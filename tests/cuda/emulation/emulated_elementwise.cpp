@@ -1,0 +1,2 @@
+// kernels/cuda/elementwise.cu compiled as C++ for the CPU emulation (cuda_emulation.hpp is force-included).
+#include "kernels/cuda/elementwise.cu"
