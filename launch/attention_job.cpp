@@ -12,6 +12,7 @@
 
 #include "kernels/attention_cpu.hpp"
 #include "launch/attention_options.hpp"
+#include "launch/execution.hpp"
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
@@ -193,8 +194,23 @@ int run_attention(LaunchContext& ctx) {
   const int64_t rows = static_cast<int64_t>(pos.size());
   const int64_t B = job.dims.batch, H = job.dims.heads, Hkv = job.dims.kv_heads, D = job.dims.head_dim;
 
+  // Where the job computes; NCCL setup is collective, and a node short of GPUs is a usage error.
+  Execution exec;
+  agreed_phase(comm, [&] {
+    try {
+      exec = make_execution(job.execution, ctx, job.threads);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
+      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
+                       e.what());
+    }
+  });
+  AttentionBackend* backend = exec.backend.get();
+  comm::Communicator& ring_comm = *exec.ring_comm;
+  ring_comm.set_timeout(job.opt.timeout);
+
   // Inputs: each rank reads (or generates) only its own rows.
-  auto backend = make_cpu_backend(job.threads);
   std::vector<float> q, k, v, dout;
   DeviceBuffer dq_in, dk_in, dv_in, ddo_in;
   const bool scan = job.files ? !job.opt.no_check_finite : job.opt.check_finite;
@@ -217,8 +233,8 @@ int run_attention(LaunchContext& ctx) {
     if (job.backward) dout = {};
   }
 
-  comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
-  RingAttention ring(comm, *backend, layout, mask, RingOptions{job.dims, job.dtype, job.schedule});
+  ring_comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
+  RingAttention ring(ring_comm, *backend, layout, mask, RingOptions{job.dims, job.dtype, job.schedule});
   DeviceBuffer o_buf(*backend, sizeof(float) * static_cast<size_t>(B * rows * H * D));
   DeviceBuffer lse_buf(*backend, sizeof(float) * static_cast<size_t>(B * H * rows));
   DeviceBuffer dq_buf, dk_buf, dv_buf;
@@ -344,9 +360,9 @@ int run_attention(LaunchContext& ctx) {
     j["schedule"] = schedule_name(job.schedule);
     j["dtype"] = dtype_name(job.dtype);
     j["backend"] = backend->name();
-    j["comm"] = comm.name();
+    j["comm"] = job.execution.comm;
     j["threads"] = job.threads;
-    j["isa"] = kernels::cpu_isa();
+    if (job.execution.backend == "cpu") j["isa"] = kernels::cpu_isa();
     j["iters"] = job.opt.iters;
     j["forward_s"] = fwd_s;
     if (job.backward) j["backward_s"] = bwd_s;
@@ -377,7 +393,8 @@ int run_attention(LaunchContext& ctx) {
     }
 
     std::printf("ringattn  %d rank%s x %d thread%s  backend %s (%s)  comm %s\n", P, P > 1 ? "s" : "", job.threads,
-                job.threads > 1 ? "s" : "", backend->name(), kernels::cpu_isa(), comm.name());
+                job.threads > 1 ? "s" : "", backend->name(),
+                job.execution.backend == "cpu" ? kernels::cpu_isa() : "device", job.execution.comm.c_str());
     std::printf("  shape     batch %lld  seq_len %lld  heads %lld (kv %lld)  head_dim %lld  %s\n", (long long)B,
                 (long long)job.seq_len, (long long)H, (long long)Hkv, (long long)D, dtype_name(job.dtype));
     std::printf("  mask      %s   layout %s   schedule %s\n", mask.describe().c_str(), layout_name(job.layout),

@@ -188,7 +188,7 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     throw UsageError("heads " + std::to_string(H) + " is not a multiple of kv-heads " + std::to_string(Hkv) +
                      (job.files ? " (from --q " + o.q + " and --k " + o.k + ")" : std::string()) +
                      ": grouped-query attention needs Hkv to divide H");
-  if (!kernels::cpu_supports_head_dim(D))
+  if (o.backend != "cuda" && !kernels::cpu_supports_head_dim(D))
     throw UsageError("head dim " + std::to_string(D) + (job.files ? " (from --q " + o.q + ")" : std::string(" (--head-dim)")) +
                      " is not supported: use a multiple of 16 up to 512");
   if (L < P)
@@ -223,14 +223,9 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
                         {{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv}, {"json", o.json},
                          {"dump-block-mask", o.mask.dump_block_mask}});
   job.dtype = parse_dtype_option(o.dtype);
-  if (!o.backend.empty() && o.backend != "cpu") {
-    if (o.backend == "cuda") throw UsageError("--backend cuda: this build has no usable GPU backend");
-    throw UsageError("--backend " + o.backend + ": expected cpu or cuda");
-  }
-  if (!o.comm.empty() && o.comm != "mpi") {
-    if (o.comm == "nccl") throw UsageError("--comm nccl needs --backend cuda");
-    throw UsageError("--comm " + o.comm + ": expected mpi or nccl");
-  }
+  job.execution = choose_execution(o.backend, o.comm, D, ctx);
+  if (job.execution.backend == "cpu" && !kernels::cpu_supports_head_dim(D))
+    throw UsageError("head dim " + std::to_string(D) + " is not supported by the CPU backend: use a multiple of 16 up to 512");
   job.layout = layout_option(o.layout, o.mask.causal);
   job.schedule = parse_schedule(o.schedule);
   job.threads = o.threads ? o.threads : ctx.default_threads();
@@ -254,6 +249,7 @@ std::string resolved_lines(const Job& job, const Mask& mask) {
   mix(mask.doc_offsets().data(), mask.doc_offsets().size() * sizeof(int64_t));
   mix(mask.block_mask().data(), mask.block_mask().size());
   s += "mask=" + mask.describe() + " (digest " + std::to_string(h) + ")\n";
+  s += "backend=" + job.execution.backend + " comm=" + job.execution.comm + "\n";
   return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include "kernels/attention_cpu.hpp"
 #include "launch/context.hpp"
+#include "launch/execution.hpp"
 #include "launch/mask_options.hpp"
 #include "runtime/mask.hpp"
 #include "runtime/npy.hpp"
@@ -51,6 +52,7 @@ struct Job {
   Schedule schedule = Schedule::direct;
   DType dtype = DType::f32;
   int threads = 1;
+  ExecutionChoice execution;  // backend and communicator
   std::optional<NpyInfo> q_info, k_info, v_info, dout_info;
 };
 

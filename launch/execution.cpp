@@ -1,0 +1,71 @@
+#include "launch/execution.hpp"
+
+#include <mpi.h>
+
+#include "runtime/cuda_backend.hpp"
+#include "runtime/errors.hpp"
+#if defined(RINGATTN_WITH_CUDA)
+#include "kernels/attention_cuda.hpp"
+#endif
+#if defined(RINGATTN_WITH_NCCL)
+#include "comm/host_staged_communicator.hpp"
+#include "comm/nccl_communicator.hpp"
+#endif
+
+namespace ringattn {
+
+ExecutionChoice choose_execution(const std::string& backend_option, const std::string& comm_option,
+                                 int64_t head_dim, const LaunchContext& ctx) {
+  ExecutionChoice c;
+  c.backend = backend_option.empty() ? (cuda_device_available() ? "cuda" : "cpu") : backend_option;
+  if (c.backend != "cpu" && c.backend != "cuda")
+    throw UsageError("--backend " + backend_option + ": expected cpu or cuda");
+  if (c.backend == "cuda") {
+#if defined(RINGATTN_WITH_CUDA)
+    if (!cuda_device_available()) throw UsageError("--backend cuda: no GPU is visible on this node");
+    if (!kernels::cuda_supports_head_dim(head_dim))
+      throw UsageError("--backend cuda: head dim " + std::to_string(head_dim) + " is not supported (1 to 256)");
+#else
+    (void)head_dim;
+    throw UsageError("--backend cuda: this build has no CUDA backend (nvcc and NCCL were not found when it was built)");
+#endif
+  }
+  const bool gpu_per_rank = ctx.local_ranks <= cuda_device_count();
+  c.comm = comm_option.empty() ? (c.backend == "cuda" && gpu_per_rank ? "nccl" : "mpi") : comm_option;
+  if (c.comm != "mpi" && c.comm != "nccl") throw UsageError("--comm " + comm_option + ": expected mpi or nccl");
+  if (c.comm == "nccl") {
+    if (c.backend != "cuda") throw UsageError("--comm nccl needs --backend cuda (NCCL moves device memory)");
+#if !defined(RINGATTN_WITH_NCCL)
+    throw UsageError("--comm nccl: this build has no NCCL communicator");
+#endif
+    if (!gpu_per_rank)
+      throw UsageError("--comm nccl needs one GPU per rank, but this node runs " + std::to_string(ctx.local_ranks) +
+                       " ranks on " + std::to_string(cuda_device_count()) +
+                       " GPUs (use --comm mpi to share GPUs, or start fewer ranks per node)");
+  }
+  return c;
+}
+
+Execution make_execution(const ExecutionChoice& choice, LaunchContext& ctx, int threads) {
+  Execution e;
+  e.ring_comm = &ctx.world;
+  if (choice.backend == "cpu") {
+    e.backend = make_cpu_backend(threads);
+    return e;
+  }
+  int device = ctx.local_rank % std::max(1, cuda_device_count());
+#if defined(RINGATTN_WITH_NCCL)
+  if (choice.comm == "nccl") {
+    auto nccl = std::make_unique<comm::NcclCommunicator>(MPI_COMM_WORLD);
+    device = nccl->device();
+    e.owned_comm = std::move(nccl);
+  } else {  // several ranks may share a GPU: device buffers go over MPI through host memory
+    e.owned_comm = std::make_unique<comm::HostStagedCommunicator>(ctx.world);
+  }
+  e.ring_comm = e.owned_comm.get();
+#endif
+  e.backend = make_cuda_backend(device);
+  return e;
+}
+
+}  // namespace ringattn
