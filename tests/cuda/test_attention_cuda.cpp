@@ -26,6 +26,7 @@
 #include "kernels/attention_cuda.hpp"
 #include "kernels/reference.hpp"
 #include "tests/cuda/gtest_or_mini.hpp"
+#include "tests/attention_oracle.hpp"
 #include "tests/test_util.hpp"
 
 namespace ringattn::testing {
@@ -125,15 +126,6 @@ struct DeviceMask {
   }
 };
 
-struct Outputs {
-  std::vector<float> o, lse, dq, dk, dv;
-};
-
-struct RefOutputs {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-
-// Problem inputs (already representable in `type`) on the device.
 struct DeviceProblem {
   DeviceArray<uint8_t> q, k, v, dout;
   DeviceArray<int64_t> q_pos, k_pos;
@@ -179,54 +171,6 @@ Outputs run_gpu(const Problem& p, ElementType t, CudaKernel kernel, bool backwar
   }
   cuda_ok(cudaDeviceSynchronize(), "forward");
   r.o = o.download(), r.lse = lse.download();
-  return r;
-}
-
-Outputs run_cpu(const Problem& p) {
-  Outputs r;
-  r.o.assign(p.q_elems(), 0.0f);
-  r.lse.assign(p.lse_elems(), kNegInf);
-  const MaskView mask = p.mask.view();
-  kernels::QueryRows q{p.q.data(), DType::f32, p.rows_q(), p.q_pos.data()};
-  kernels::KeyValueRows kv{p.k.data(), p.v.data(), DType::f32, p.rows_k(), p.k_pos.data()};
-  kernels::CpuOptions opt;
-  opt.threads = 2;
-  kernels::attention_forward(p.dims, q, kv, mask, AttentionState{r.o.data(), r.lse.data()}, opt);
-  std::vector<float> delta(p.lse_elems());
-  kernels::attention_delta(p.dims, p.rows_q(), r.o.data(), p.dout.data(), DType::f32, delta.data());
-  r.dq.assign(p.q_elems(), 0.0f);
-  r.dk.assign(p.k_elems(), 0.0f);
-  r.dv.assign(p.k_elems(), 0.0f);
-  kernels::attention_backward(p.dims, q, kv, p.dout.data(), r.lse.data(), delta.data(), r.dq.data(), r.dk.data(),
-                              r.dv.data(), mask, opt);
-  return r;
-}
-
-RefOutputs run_reference(const Problem& p) {
-  RefOutputs r;
-  r.o.assign(p.q_elems(), 0.0);
-  r.lse.assign(p.lse_elems(), 0.0);
-  const MaskView mask = p.mask.view();
-  kernels::reference_forward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
-                             p.rows_k(), mask, r.o.data(), r.lse.data());
-  std::vector<double> delta(p.lse_elems(), 0.0);
-  const int64_t H = p.dims.heads, D = p.dims.head_dim, L = p.rows_q();
-  for (int64_t b = 0; b < p.dims.batch; ++b)
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        double s = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = size_t(((b * L + i) * H + h) * D + d);
-          s += r.o[e] * double(p.dout[e]);
-        }
-        delta[size_t((b * H + h) * L + i)] = s;
-      }
-  r.dq.assign(p.q_elems(), 0.0);
-  r.dk.assign(p.k_elems(), 0.0);
-  r.dv.assign(p.k_elems(), 0.0);
-  kernels::reference_backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
-                              p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask, r.dq.data(), r.dk.data(),
-                              r.dv.data());
   return r;
 }
 
@@ -345,7 +289,7 @@ void check_problem(const Problem& original) {
     p.dout = rounded(p.dout, var.type);
     const std::string tag = std::string(kernels::element_name(var.type)) + "/" + kernel_name(var.kernel) + " ";
     const Outputs got = run_gpu(p, var.type, var.kernel);
-    const Outputs cpu = run_cpu(p);
+    const Outputs cpu = run_cpu_kernels(p);
     const Outputs naive = run_naive(p, ElementType::f32);
     const RefOutputs ref = run_reference(p);
     std::vector<const std::vector<float>*> o_base{&cpu.o, &naive.o}, lse_base{&cpu.lse, &naive.lse},

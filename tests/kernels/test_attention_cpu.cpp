@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../test_util.hpp"
+#include "tests/attention_oracle.hpp"
 #include "kernels/attention_cpu.hpp"
 #include "kernels/reference.hpp"
 
@@ -23,71 +23,6 @@ using kernels::KeyValueRows;
 using kernels::QueryRows;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct Outputs {
-  std::vector<float> o, lse, dq, dk, dv;
-};
-
-struct RefOutputs {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-
-// Runs the kernels; with bf16, the inputs are stored as bf16 (the problem's inputs must already be
-// bf16-representable for the comparison to be exact).
-Outputs run_kernel(const Problem& p, DType dtype = DType::f32, int threads = 2, bool backward = true) {
-  Outputs r;
-  r.o.assign(p.q_elems(), 0.0f);
-  r.lse.assign(p.lse_elems(), kNegInf);
-  const MaskView mask = p.mask.view();
-  std::vector<bf16_bits> qb, kb, vb, db;
-  const void *qd = p.q.data(), *kd = p.k.data(), *vd = p.v.data(), *dd = p.dout.data();
-  if (dtype == DType::bf16) {
-    qb = to_bf16(p.q), kb = to_bf16(p.k), vb = to_bf16(p.v), db = to_bf16(p.dout);
-    qd = qb.data(), kd = kb.data(), vd = vb.data(), dd = db.data();
-  }
-  QueryRows q{qd, dtype, p.rows_q(), p.q_pos.data()};
-  KeyValueRows kv{kd, vd, dtype, p.rows_k(), p.k_pos.data()};
-  CpuOptions opt;
-  opt.threads = threads;
-  kernels::attention_forward(p.dims, q, kv, mask, AttentionState{r.o.data(), r.lse.data()}, opt);
-  if (!backward) return r;
-  std::vector<float> delta(p.lse_elems());
-  kernels::attention_delta(p.dims, p.rows_q(), r.o.data(), dd, dtype, delta.data());
-  r.dq.assign(p.q_elems(), 0.0f);
-  r.dk.assign(p.k_elems(), 0.0f);
-  r.dv.assign(p.k_elems(), 0.0f);
-  kernels::attention_backward(p.dims, q, kv, dd, r.lse.data(), delta.data(), r.dq.data(), r.dk.data(), r.dv.data(),
-                              mask, opt);
-  return r;
-}
-
-RefOutputs run_reference(const Problem& p) {
-  RefOutputs r;
-  r.o.assign(p.q_elems(), 0.0);
-  r.lse.assign(p.lse_elems(), 0.0);
-  const MaskView mask = p.mask.view();
-  kernels::reference_forward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
-                             p.k_pos.data(), p.rows_k(), mask, r.o.data(), r.lse.data());
-  std::vector<double> delta(p.lse_elems(), 0.0);
-  const int64_t H = p.dims.heads, D = p.dims.head_dim, L = p.rows_q();
-  for (int64_t b = 0; b < p.dims.batch; ++b)
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        double s = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = size_t(((b * L + i) * H + h) * D + d);
-          s += r.o[e] * double(p.dout[e]);
-        }
-        delta[size_t((b * H + h) * L + i)] = s;
-      }
-  r.dq.assign(p.q_elems(), 0.0);
-  r.dk.assign(p.k_elems(), 0.0);
-  r.dv.assign(p.k_elems(), 0.0);
-  kernels::reference_backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
-                              p.k_pos.data(), p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask,
-                              r.dq.data(), r.dk.data(), r.dv.data());
-  return r;
-}
 
 // Plain fp32 computation: the same-precision baseline for tolerances.
 Outputs run_naive_fp32(const Problem& p) {
@@ -122,7 +57,7 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
 constexpr double kHugeScoreFactor = 16.0;
 
 void check_problem(const Problem& p, DType dtype = DType::f32, int threads = 2, double factor = 4.0) {
-  const Outputs got = run_kernel(p, dtype, threads);
+  const Outputs got = run_cpu_kernels(p, dtype, threads);
   const Outputs naive = run_naive_fp32(p);
   const RefOutputs ref = run_reference(p);
   for (float x : got.lse) ASSERT_FALSE(std::isnan(x));
@@ -219,7 +154,7 @@ TEST(AttentionCpu, EmptyRowsFromBlockMask) {
   auto m = random_block_mask(n, 11, 0.5);
   for (int64_t c = 0; c < n; ++c) m[size_t(2 * n + c)] = 0;  // block row 2 sees nothing
   p.mask.set_block_mask(m, n, 16);
-  const Outputs got = run_kernel(p);
+  const Outputs got = run_cpu_kernels(p);
   for (int64_t i = 32; i < 48; ++i) {
     EXPECT_EQ(got.lse[size_t(i)], kNegInf);
     for (int64_t d = 0; d < 64; ++d) EXPECT_EQ(got.o[size_t((i * 2) * 64 + d)], 0.0f);
@@ -268,7 +203,7 @@ TEST(AttentionCpu, ZigzagShardAgainstMiddleKeysHasEmptyRows) {
   for (int64_t i = 150; i < 200; ++i) qp.push_back(i);
   Problem p(1, 2, 2, 64, qp, iota_positions(100, 50));
   p.mask.causal = true;
-  const Outputs got = run_kernel(p);
+  const Outputs got = run_cpu_kernels(p);
   for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(got.lse[size_t(i)], kNegInf);  // queries before every key
   check_problem(p);
 }
@@ -276,7 +211,7 @@ TEST(AttentionCpu, ZigzagShardAgainstMiddleKeysHasEmptyRows) {
 TEST(AttentionCpu, HugeScoresStayFinite) {
   Problem p(1, 2, 2, 64, iota_positions(160), iota_positions(160), 5, 100.0f);  // |scores| ~ 1e4
   p.mask.causal = true;
-  const Outputs got = run_kernel(p);
+  const Outputs got = run_cpu_kernels(p);
   EXPECT_TRUE(all_finite(got.o));
   EXPECT_TRUE(all_finite(got.dq));
   EXPECT_TRUE(all_finite(got.dk));
@@ -322,14 +257,14 @@ TEST(AttentionCpu, Bf16EveryMaskAndHeadDim) {
 TEST(AttentionCpu, ThreadCountsAgree) {
   Problem p = basic(300, 64, 2, 2, 2);
   p.mask.causal = true;
-  const Outputs one = run_kernel(p, DType::f32, 1);
-  const Outputs three = run_kernel(p, DType::f32, 3);
+  const Outputs one = run_cpu_kernels(p, DType::f32, 1);
+  const Outputs three = run_cpu_kernels(p, DType::f32, 3);
   EXPECT_EQ(one.o, three.o);  // forward items are independent: bitwise equal for any thread count
   EXPECT_EQ(one.lse, three.lse);
   EXPECT_EQ(one.dk, three.dk);  // each key block's dK/dV is owned by one item
   EXPECT_EQ(one.dv, three.dv);
   EXPECT_LE(max_abs_diff(one.dq, three.dq), 1e-5);
-  const Outputs again = run_kernel(p, DType::f32, 3);
+  const Outputs again = run_cpu_kernels(p, DType::f32, 3);
   EXPECT_EQ(three.dq, again.dq);  // deterministic run to run
 }
 
@@ -338,7 +273,7 @@ TEST(AttentionCpu, MergeOfPartialStatesEqualsOnePass) {
   Problem p = basic(257, 64, 4, 2);
   p.mask.causal = true;
   p.mask.window_left = 150;
-  const Outputs whole = run_kernel(p, DType::f32, 2, false);
+  const Outputs whole = run_cpu_kernels(p, DType::f32, 2, false);
   const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 37}, {37, 160}, {160, 257}};
   std::vector<Outputs> parts;
   for (auto [a, b] : chunks) {
@@ -347,7 +282,7 @@ TEST(AttentionCpu, MergeOfPartialStatesEqualsOnePass) {
     const int64_t rowk = p.dims.kv_heads * p.dims.head_dim;
     c.k.assign(p.k.begin() + a * rowk, p.k.begin() + b * rowk);
     c.v.assign(p.v.begin() + a * rowk, p.v.begin() + b * rowk);
-    parts.push_back(run_kernel(c, DType::f32, 2, false));
+    parts.push_back(run_cpu_kernels(c, DType::f32, 2, false));
   }
   auto merged = [&](std::vector<int> order) {
     Outputs m = parts[size_t(order[0])];
@@ -382,7 +317,7 @@ TEST(AttentionCpu, MergeOfPartialStatesEqualsOnePass) {
 TEST(AttentionCpu, BackwardOverKeyChunksEqualsOnePass) {
   Problem p = basic(200, 64, 2, 1);
   p.mask.causal = true;
-  const Outputs whole = run_kernel(p);
+  const Outputs whole = run_cpu_kernels(p);
   std::vector<float> delta(p.lse_elems());
   kernels::attention_delta(p.dims, p.rows_q(), whole.o.data(), p.dout.data(), DType::f32, delta.data());
   std::vector<float> dq(p.q_elems(), 0.0f), dk(p.k_elems(), 0.0f), dv(p.k_elems(), 0.0f);

@@ -14,6 +14,7 @@
 #include "../test_util.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "lora_reference.hpp"
+#include "tests/mask_variants.hpp"
 #include "runtime/lora_demo.hpp"
 #include "runtime/lora_layer.hpp"
 #include "runtime/lora_training.hpp"
@@ -21,29 +22,6 @@
 namespace ringattn::testing {
 namespace {
 
-Mask make_mask(int variant, int64_t L) {
-  Mask m;
-  const int64_t n = (L + 15) / 16;
-  switch (variant) {
-    case 0: break;
-    case 1: m.causal = true; break;
-    case 2:
-      m.causal = true;
-      m.window_left = 9;
-      break;
-    case 3: m.set_documents({L / 3, 0, L - L / 3 - 5, 5}); break;
-    case 4: m.set_block_mask(bigbird_block_mask(n, 1, 1, 1, 3), n, 16); break;
-    case 5: {  // causal + a block mask whose second block row is empty: rows that see no key
-      std::vector<uint8_t> bm(size_t(n * n), 1);
-      for (int64_t j = 0; j < n; ++j) bm[size_t(n + j)] = 0;
-      m.set_block_mask(bm, n, 16);
-      m.causal = true;
-      break;
-    }
-  }
-  return m;
-}
-constexpr int kMaskVariants = 6;
 
 struct LayerCase {
   LayoutKind layout = LayoutKind::contiguous;
@@ -149,7 +127,7 @@ class LoraLayerMpi : public ::testing::Test {
 // Forward and backward of one case on `comm`, each rank checking its rows and slices.
 void check_against_fp64(comm::Communicator& comm, const LayerCase& c, double tol) {
   const int P = comm.size();
-  const Mask mask = make_mask(c.mask, c.L);
+  const Mask mask = mask_variant(c.mask, c.L);
   SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(comm.rank()));
   const ShardLayout layout(c.layout, c.L, P);
   LoraLayer layer(comm, c.config(), layout, mask);
@@ -217,7 +195,7 @@ TEST_F(LoraLayerMpi, Bf16AttentionStorage) {
 void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr) {
   LayerCase c;
   c.mask = 1, c.layout = LayoutKind::zigzag;
-  const Mask mask = make_mask(c.mask, c.L);
+  const Mask mask = mask_variant(c.mask, c.L);
   SCOPED_TRACE(std::string(optimizer_name(kind)) + " P=" + std::to_string(comm.size()));
   const ShardLayout layout(c.layout, c.L, comm.size());
   LoraLayer layer(comm, c.config(), layout, mask);
@@ -269,7 +247,7 @@ TEST_F(LoraLayerMpi, AdamwStepMatchesFp64) { check_training_step(*comm, Optimize
 TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
   LayerCase c;
   c.mask = 2, c.layout = LayoutKind::striped;
-  const Mask mask = make_mask(c.mask, c.L);
+  const Mask mask = mask_variant(c.mask, c.L);
   const std::vector<float> target = random_vector(size_t(c.B * c.L * c.d), 11, 0.5f);
   auto train = [&](comm::Communicator& on, OptimizerKind kind) {
     auto layer = std::make_unique<LoraLayer>(on, c.config(), ShardLayout(c.layout, c.L, on.size()), mask);
@@ -308,7 +286,7 @@ TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
 TEST_F(LoraLayerMpi, MergedWeightsGiveTheSameOutputWithoutLora) {
   LayerCase c;
   c.mask = 3;
-  const Mask mask = make_mask(c.mask, c.L);
+  const Mask mask = mask_variant(c.mask, c.L);
   const ShardLayout layout(c.layout, c.L, comm->size());
   LoraLayer layer(*comm, c.config(), layout, mask);
   const RefLayer ref = make_reference(c, mask, 400);

@@ -16,35 +16,11 @@
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
 #include "../test_util.hpp"
+#include "tests/mask_variants.hpp"
 
 namespace ringattn::testing {
 namespace {
 
-Mask make_mask(int variant, int64_t L) {
-  Mask m;
-  const int64_t n = (L + 15) / 16;
-  switch (variant) {
-    case 0: break;
-    case 1: m.causal = true; break;
-    case 2: m.window_left = 9; m.window_right = 4; break;
-    case 3: m.causal = true; m.window_left = 40; break;
-    case 4: m.set_documents({L / 3, 0, L - L / 3 - 7, 7}); break;
-    case 5: m.causal = true; m.set_documents({L / 2, L - L / 2}); break;
-    case 6: m.set_block_mask(bigbird_block_mask(n, 1, 1, 1, 11), n, 16); break;
-    case 7: {  // causal + window + documents + random block mask: everything at once
-      std::mt19937 gen(5);
-      std::vector<uint8_t> bm(static_cast<size_t>(n * n));
-      for (auto& x : bm) x = gen() % 3 != 0;
-      m.set_block_mask(bm, n, 16);
-      m.causal = true;
-      m.window_left = 50;
-      m.set_documents({L - 30, 30});
-      break;
-    }
-  }
-  return m;
-}
-constexpr int kMaskVariants = 8;
 
 struct Case {
   LayoutKind layout;
@@ -88,7 +64,7 @@ struct Errors {
 Errors run_and_check(comm::Communicator& comm, const Case& c) {
   const int P = comm.size(), rank = comm.rank();
   const ShardLayout layout(c.layout, c.L, P);
-  const Mask mask = make_mask(c.mask, c.L);
+  const Mask mask = mask_variant(c.mask, c.L);
   const MaskView mv = mask.view();
   SCOPED_TRACE(describe(c, mask) + " P=" + std::to_string(P) + " rank " + std::to_string(rank));
   const kernels::AttentionDims dims{c.B, c.H, c.Hkv, c.D, 1.0f / std::sqrt(float(c.D))};
