@@ -14,6 +14,7 @@
 #include "launch/bench.hpp"
 #include "launch/context.hpp"
 #include "launch/job_control.hpp"
+#include "launch/plan_job.hpp"
 #include "runtime/errors.hpp"
 
 namespace {
@@ -23,6 +24,7 @@ using ringattn::LaunchContext;
 int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "attention") return ringattn::run_attention(ctx);
   if (command == "bench") return ringattn::run_bench(ctx);
+  if (command == "plan") return ringattn::run_plan(ctx);
   throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
 }
 
