@@ -81,11 +81,12 @@ Json print_projection(const ClusterSpec& c, const Workload& w, const Mask& mask,
         here.push_back(predict(c, x, mv, P));
         const Prediction& p = here.back();
         const double ratio = p.step_transfer_seconds > 0 ? p.step_compute_seconds / p.step_transfer_seconds : 0.0;
-        char ratio_text[16] = "-";
+        char ratio_text[16] = "-", backward_text[16] = "-";
         if (ratio > 0) std::snprintf(ratio_text, sizeof ratio_text, "%.2f", ratio);
-        std::printf("  %5d %5d %-10s %-8s %10.3f %10.3f %6s %9.4f %9.4f %9.4f %5.1f%% %6.1f%% %8.2f %8.2f %4s\n", P, nodes,
+        if (w.backward) std::snprintf(backward_text, sizeof backward_text, "%.4f", p.backward.seconds);
+        std::printf("  %5d %5d %-10s %-8s %10.3f %10.3f %6s %9.4f %9s %9.4f %5.1f%% %6.1f%% %8.2f %8.2f %4s\n", P, nodes,
                     layout_name(layout), schedule_name(schedule), p.step_compute_seconds * 1e3,
-                    p.step_transfer_seconds * 1e3, ratio_text, p.forward.seconds, p.backward.seconds, p.total_seconds(),
+                    p.step_transfer_seconds * 1e3, ratio_text, p.forward.seconds, backward_text, p.total_seconds(),
                     100 * p.efficiency, 100 * p.forward.exposed_fraction, gib(double(p.memory_bytes)),
                     gib(double(p.bytes_sent)), p.fits_memory ? "yes" : "NO");
         Json j = Json::object();

@@ -94,7 +94,7 @@ int128 run_pairs(const MaskView& m, const PositionRun& q, const PositionRun& k) 
 
 int64_t keys_in(const PositionRun& k, int64_t lo, int64_t hi) { return restrict_run(k, lo, hi).count; }
 
-// One pass over the queries, for block masks.
+// One pass over the queries, for block masks (the view must carry the BlockMaskIndex).
 int64_t block_mask_pairs(const MaskView& m, const PositionRun& q, const PositionRun& k, int64_t seq_len) {
   int64_t pairs = 0;
   for (int64_t u = 0; u < q.count; ++u) {
@@ -103,20 +103,10 @@ int64_t block_mask_pairs(const MaskView& m, const PositionRun& q, const Position
     r.lo = std::max<int64_t>(r.lo, 0);
     r.hi = std::min<int64_t>(r.hi, seq_len - 1);
     if (r.empty()) continue;
+    // Nonzero block columns of the query's block row (Mask::view() attaches this index).
     const int64_t n = m.mask_block, br = i / n;
-    auto add = [&](int64_t c0, int64_t c1) { pairs += keys_in(k, std::max(r.lo, c0 * n), std::min(r.hi, c1 * n - 1)); };
-    if (m.row_run_ptr) {
-      for (int64_t j = m.row_run_ptr[br]; j < m.row_run_ptr[br + 1]; ++j) add(m.row_runs[2 * j], m.row_runs[2 * j + 1]);
-      continue;
-    }
-    const uint8_t* row = m.block_mask + br * m.block_count;
-    for (int64_t c = 0; c < m.block_count;) {
-      if (!row[c]) { ++c; continue; }
-      int64_t c1 = c;
-      while (c1 < m.block_count && row[c1]) ++c1;
-      add(c, c1);
-      c = c1;
-    }
+    for (int64_t j = m.row_run_ptr[br]; j < m.row_run_ptr[br + 1]; ++j)
+      pairs += keys_in(k, std::max(r.lo, m.row_runs[2 * j] * n), std::min(r.hi, m.row_runs[2 * j + 1] * n - 1));
   }
   return pairs;
 }

@@ -43,32 +43,30 @@ TEST(ScalingArithmetic, WeakScalingComparesPerRankThroughput) {
   EXPECT_DOUBLE_EQ(scaling_efficiency({2, 4e12, 0.0}, one), 0.0);  // not measured
 }
 
-Mask make_mask(int variant, int64_t L) {
-  Mask m;
-  const int64_t n = (L + 7) / 8;
-  switch (variant) {
-    case 0: break;
-    case 1: m.causal = true; break;
-    case 2: m.window_left = 3; m.window_right = 2; break;
-    case 3: m.causal = true; m.window_left = 20; break;
-    case 4: m.set_documents({L / 3, 0, L - L / 3 - 5, 5}); break;
-    case 5: m.causal = true; m.window_left = 7; m.set_documents({L / 2, L - L / 2}); break;
-    case 6: m.set_block_mask(bigbird_block_mask(n, 1, 1, 1, 7), n, 8); break;
-    case 7: m.causal = true; m.set_block_mask(bigbird_block_mask(n, 0, 2, 1, 3), n, 8); break;
-    case 8: m.window_left = 0; m.window_right = 0; break;
-    case 9: m.window_left = -1; m.window_right = 5; break;  // right-bounded only
-  }
+// Every kind of mask, alone and combined, on a sequence of length L.
+std::vector<Mask> masks_for(int64_t L) {
+  const int64_t blocks = (L + 7) / 8;
+  std::vector<Mask> m(10);  // m[0]: no mask
+  m[1].causal = true;
+  m[2].window_left = 3, m[2].window_right = 2;
+  m[3].causal = true, m[3].window_left = 20;
+  m[4].set_documents({L / 3, 0, L - L / 3 - 5, 5});
+  m[5].causal = true, m[5].window_left = 7;
+  m[5].set_documents({L / 2, L - L / 2});
+  m[6].set_block_mask(bigbird_block_mask(blocks, 1, 1, 1, 7), blocks, 8);
+  m[7].causal = true;
+  m[7].set_block_mask(bigbird_block_mask(blocks, 0, 2, 1, 3), blocks, 8);
+  m[8].window_left = 0, m[8].window_right = 0;  // each query sees only itself
+  m[9].window_right = 5;                        // bounded on the right only
   return m;
 }
-constexpr int kMaskVariants = 10;
 
 TEST(VisiblePairs, BetweenShardsMatchBruteForceAndSumToTheTotal) {
   for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped})
     for (int64_t L : {1, 7, 64, 101})
       for (int P : {1, 2, 3, 5})
-        for (int variant = 0; variant < kMaskVariants; ++variant) {
+        for (const Mask& mask : masks_for(L)) {
           if (L < P) continue;
-          const Mask mask = make_mask(variant, L);
           const MaskView mv = mask.view();
           const ShardLayout layout(kind, L, P);
           for (int r = 0; r < P; ++r) {
@@ -78,7 +76,7 @@ TEST(VisiblePairs, BetweenShardsMatchBruteForceAndSumToTheTotal) {
               for (int64_t i : layout.positions(r))
                 for (int64_t j : layout.positions(s)) brute += visible(mv, i, j);
               const int64_t got = count_pairs_between(mv, layout.runs(r), layout.runs(s), L);
-              ASSERT_EQ(got, brute) << layout_name(kind) << " L " << L << " P " << P << " mask " << variant << " r " << r
+              ASSERT_EQ(got, brute) << layout_name(kind) << " L " << L << " P " << P << " mask " << mask.describe() << " r " << r
                                     << " s " << s;
               sum += got;
             }
