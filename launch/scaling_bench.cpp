@@ -1,5 +1,6 @@
 #include "launch/scaling_bench.hpp"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,8 +152,12 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   return b;
 }
 
-// Peak resident memory of one point: Linux resets the high-water mark on request.
+// Peak resident memory of one point: Linux resets the high-water mark on request (after the
+// memory the previous point freed went back to the system).
 bool reset_peak_rss() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
   std::ofstream f("/proc/self/clear_refs");
   return f && (f << "5").flush();
 }
