@@ -100,9 +100,9 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("tolerance", po::value(&o.tolerance)->default_value(0.15)->value_name("X"), "largest relative error accepted")
       ("check", po::bool_switch(&o.check), "exit 3 when a prediction misses a measured time by more than --tolerance")
       ("machine-link-bandwidth", po::value(&o.machine_bandwidth)->default_value(0.0)->value_name("GBPS"),
-       "link of points run without emulation (0 = unlimited)")
+       "the machine's own link between ranks, bandwidth (0 = unlimited; default: fitted with the latency)")
       ("machine-link-latency", po::value(&o.machine_latency)->default_value(0.0)->value_name("US"),
-       "its latency per message (default: fitted to the points run without emulation)")
+       "its latency (default: both fitted to the points run without emulation)")
       ("save-calibration", po::value(&o.save_calibration)->value_name("FILE.json"), "write the fitted machine (a --cluster file)")
       ("json", po::value(&o.json)->value_name("FILE"), "write predictions (and the calibration) as JSON");
   po::options_description all("ringattn plan options");
@@ -289,7 +289,8 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     start.name = "this machine (calibrated)";
     start.forward_gflops = start.backward_gflops = 100.0;
     start.intra = {o.machine_bandwidth, o.machine_latency};
-    const Calibration cal = calibrate(fit_points, start, !given(vm, "machine-link-latency"));
+    const Calibration cal =
+        calibrate(fit_points, start, !given(vm, "machine-link-latency") && !given(vm, "machine-link-bandwidth"));
     machine = cal.machine;
     const std::vector<Comparison> rows = compare(check_points, cal.machine);
     within = print_calibration(cal, threads, rows, skipped, o.tolerance);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 
 #include "runtime/cluster_sim.hpp"
 
@@ -63,7 +64,11 @@ Features features_of(const PassCounts& c, bool backward) {
 ClusterSpec machine_for(const ClusterSpec& machine, const MeasuredPoint& p) {
   ClusterSpec c = machine;
   c.ranks_per_node = std::max(1, p.ranks);
-  if (p.emulated) c.intra = p.link;
+  if (p.emulated) {  // a transfer completes when both the emulated link and the transport are done
+    const double own = machine.intra.gbps, emulated = p.link.gbps;  // 0 = unlimited
+    c.intra.gbps = own > 0 && emulated > 0 ? std::min(own, emulated) : std::max(own, emulated);
+    c.intra.latency_us = std::max(machine.intra.latency_us, p.link.latency_us);
+  }
   return c;
 }
 
@@ -72,14 +77,19 @@ namespace {
 // Sum of squared relative errors of the wall times of the points run without emulation.
 double machine_link_misfit(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine) {
   double sum = 0.0;
-  for (const Comparison& c : compare(points, machine))
-    if (!c.point->emulated) sum += c.forward_error * c.forward_error + c.backward_error * c.backward_error;
+  for (const MeasuredPoint& p : points) {
+    if (p.emulated) continue;
+    const Prediction pred = predict(machine_for(machine, p), p.workload, p.mask.view(), p.ranks);
+    const double f = p.forward_s > 0 ? (pred.forward.seconds - p.forward_s) / p.forward_s : 0.0;
+    const double b = p.workload.backward && p.backward_s > 0 ? (pred.backward.seconds - p.backward_s) / p.backward_s : 0.0;
+    sum += f * f + b * b;
+  }
   return sum;
 }
 
 }  // namespace
 
-Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpec& start, bool fit_machine_latency) {
+Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpec& start, bool fit_machine_link) {
   // The counts do not depend on the rates, but the simulation divides by them.
   ClusterSpec counting = start;
   if (counting.forward_gflops <= 0) counting.forward_gflops = 1.0;
@@ -116,24 +126,37 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
   }
   cal.rms_relative_residual = std::sqrt(sum / double(obs.size()));
 
-  if (fit_machine_latency) {  // a coarse scan of 1 us .. 10 ms, then golden-section refinement
-    auto misfit = [&](double log_us) {
+  if (fit_machine_link) {
+    // A scan of bandwidths (0.03 GB/s .. unlimited) and latencies (none .. 10 ms) in steps of a
+    // quarter decade, then golden-section refinement of each around the best.
+    auto link_at = [](double log_gbps, double log_us) {
+      return LinkSpec{log_gbps >= 4.0 ? 0.0 : std::pow(10.0, log_gbps), log_us < 0.0 ? 0.0 : std::pow(10.0, log_us)};
+    };
+    auto misfit = [&](double log_gbps, double log_us) {
       ClusterSpec c = m;
-      c.intra.latency_us = std::pow(10.0, log_us);
+      c.intra = link_at(log_gbps, log_us);
       return machine_link_misfit(points, c);
     };
-    double best = 0.0, best_misfit = misfit(best);
-    for (double x = 0.25; x <= 4.0; x += 0.25)
-      if (const double e = misfit(x); e < best_misfit) best = x, best_misfit = e;
-    double lo = best - 0.25, hi = best + 0.25;
-    const double g = (std::sqrt(5.0) - 1) / 2;
-    for (int i = 0; i < 30; ++i) {
-      const double a = hi - g * (hi - lo), b = lo + g * (hi - lo);
-      if (misfit(a) < misfit(b)) hi = b;
-      else lo = a;
+    double bw = 4.0, lat = -0.25, best = misfit(bw, lat);
+    for (double g = -1.5; g <= 4.0; g += 0.25)
+      for (double u = -0.25; u <= 4.0; u += 0.25)
+        if (const double e = misfit(g, u); e < best) bw = g, lat = u, best = e;
+    const double golden = (std::sqrt(5.0) - 1) / 2;
+    auto refine = [&](double& x, const std::function<double(double)>& f) {
+      double lo = x - 0.25, hi = x + 0.25;
+      for (int i = 0; i < 24; ++i) {
+        const double a = hi - golden * (hi - lo), b = lo + golden * (hi - lo);
+        if (f(a) < f(b)) hi = b;
+        else lo = a;
+      }
+      const double mid = 0.5 * (lo + hi);
+      if (f(mid) < f(x)) x = mid;
+    };
+    for (int round = 0; round < 8; ++round) {
+      if (bw < 4.0) refine(bw, [&](double g) { return misfit(std::min(g, 3.99), lat); });
+      if (lat >= 0.0) refine(lat, [&](double u) { return misfit(bw, std::max(u, 0.0)); });
     }
-    const double zero = machine_link_misfit(points, [&] { ClusterSpec c = m; c.intra.latency_us = 0; return c; }());
-    m.intra.latency_us = misfit(0.5 * (lo + hi)) < zero ? std::pow(10.0, 0.5 * (lo + hi)) : 0.0;
+    m.intra = link_at(bw, lat);
   }
   return cal;
 }

@@ -24,8 +24,8 @@ struct MeasuredPoint {
   Workload workload;
   Mask mask;
   int ranks = 1;
-  bool emulated = false;  // run with link emulation: `link` is the emulated link
-  LinkSpec link;          // otherwise the machine's own link (ClusterSpec::intra) applies
+  bool emulated = false;  // run with link emulation over `link` (and the machine's own transport)
+  LinkSpec link;
   // Medians over iterations: the slowest rank's time, and means over ranks of each rank's own
   // time and of its time blocked waiting for data. Backward values are 0 when not run.
   double forward_s = 0.0, forward_mean_s = 0.0, forward_wait_s = 0.0;
@@ -41,10 +41,10 @@ struct Calibration {
 
 // Fits forward_gflops, backward_gflops, step_overhead_us, host_copy_gbps and message_overhead_us
 // of `start` (whose other fields are kept) to the points; a parameter no point constrains keeps
-// its value from `start`. With fit_machine_latency, the latency of the machine's own link
-// (start.intra.latency_us: what a message costs beyond its bytes on the transport, polling
-// included) is then chosen to best match the wall times of the points run without emulation.
-Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpec& start, bool fit_machine_latency = false);
+// its value from `start`. With fit_machine_link, the machine's own link (start.intra: the
+// transport between its ranks as the runtime drives it, polling included) is then chosen, its
+// bandwidth and latency, to best match the wall times of the points run without emulation.
+Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpec& start, bool fit_machine_link = false);
 
 struct Comparison {
   const MeasuredPoint* point = nullptr;
@@ -57,7 +57,8 @@ struct Comparison {
 // The machine's predictions for the points, each with its own link (emulated, or machine.intra).
 std::vector<Comparison> compare(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine);
 
-// `machine` with every rank of the point on one node and the point's link between them.
+// `machine` with every rank of the point on one node; an emulated point's link is the slower of
+// the emulated link and the machine's own (a transfer completes when both are done).
 ClusterSpec machine_for(const ClusterSpec& machine, const MeasuredPoint& p);
 
 }  // namespace ringattn

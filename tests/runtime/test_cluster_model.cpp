@@ -253,8 +253,8 @@ TEST(Calibration, RecoversTheParametersThatMadeItsData) {
   for (const Comparison& c : compare(points, cal.machine)) EXPECT_LT(c.worst_error(), 0.01) << c.point->ranks;
 }
 
-TEST(Calibration, FitsTheLatencyOfTheMachinesOwnLink) {
-  ClusterSpec truth = pure_cluster(180.0, 0.0, 400.0, 1);  // unlimited bandwidth, 400 us per message
+TEST(Calibration, FitsTheMachinesOwnLink) {
+  ClusterSpec truth = pure_cluster(180.0, 0.02, 400.0, 1);  // 20 MB/s, 400 us per message
   std::vector<MeasuredPoint> points;
   for (int P : {1, 2, 4})
     for (int64_t L : {256, 512}) {
@@ -268,7 +268,8 @@ TEST(Calibration, FitsTheLatencyOfTheMachinesOwnLink) {
       points.push_back(std::move(m));
     }
   const Calibration cal = calibrate(points, pure_cluster(1.0, 0.0, 0.0, 1), true);
-  EXPECT_NEAR(cal.machine.intra.latency_us, 400.0, 4.0);
+  EXPECT_NEAR(cal.machine.intra.gbps, 0.02, 0.0005);
+  EXPECT_NEAR(cal.machine.intra.latency_us, 400.0, 20.0);
   for (const Comparison& c : compare(points, cal.machine)) EXPECT_LT(c.worst_error(), 0.01) << c.point->ranks;
 }
 
