@@ -32,7 +32,10 @@ for gbps in 2 0.5 0.25 0.15 0.1 0.05 0.025; do
   bench "emulated_${gbps}" --ranks 2 --seq-len 4096 --emulate-bandwidth "$gbps" --emulate-latency 50
 done
 uptime | tee -a "$out/load.txt"
-python3 launch/plot_scaling.py "$out/weak.json" "$out/strong_causal.json" "$out/strong_full.json" -o "$out/scaling.png" || true
-python3 launch/plot_scaling.py "$out"/emulated_*.json -o "$out/emulated.png" || true
+rc=0
 build/ringattn plan --calibrate "$measured" --validate "$(ls "$out"/{weak,strong_*,emulated_*}.json | paste -sd,)" \
-  --check --save-calibration "$out/machine.json" --json "$out/plan.json" | tee "$out/plan.txt"
+  --check --save-calibration "$out/machine.json" --json "$out/plan.json" > "$out/plan.txt" || rc=$?
+cat "$out/plan.txt"
+python3 launch/plot_scaling.py "$out/weak.json" "$out/strong_causal.json" "$out/strong_full.json" -o "$out/scaling.png" || true
+python3 launch/plot_scaling.py "$out"/emulated_*.json --plan "$out/plan.json" -o "$out/emulated.png" || true
+exit $rc
