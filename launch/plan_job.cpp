@@ -292,11 +292,14 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     const Calibration cal =
         calibrate(fit_points, start, !given(vm, "machine-link-latency") && !given(vm, "machine-link-bandwidth"));
     machine = cal.machine;
+    machine->ranks_per_node = kOneNode;  // this machine: every rank on one node, its own link between them
+    machine->inter = machine->intra;
     const std::vector<Comparison> rows = compare(check_points, cal.machine);
     within = print_calibration(cal, threads, rows, skipped, o.tolerance);
     out["calibration"] = calibration_json(cal, rows, o.tolerance);
-    out["calibration"]["machine"] = cluster_json(cal.machine);
-    if (!o.save_calibration.empty()) write_text_file(o.save_calibration, "--save-calibration", cluster_json(cal.machine).dump() + "\n");
+    out["calibration"]["machine"] = cluster_json(*machine);
+    if (!o.save_calibration.empty())
+      write_text_file(o.save_calibration, "--save-calibration", cluster_json(*machine).dump() + "\n");
   }
 
   // Projection: on the described cluster, or on the calibrated machine when only it is known.
@@ -310,8 +313,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
                            "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only"})
     workload_given = workload_given || given(vm, flag);
   if (!machine || cluster_given || workload_given) {
-    ClusterSpec cluster = machine && !cluster_given ? *machine : load_cluster(o, f, vm);
-    if (machine && !cluster_given) cluster.ranks_per_node = 1 << 30;  // one node: this machine
+    const ClusterSpec cluster = machine && !cluster_given ? *machine : load_cluster(o, f, vm);
     Workload w;
     w.batch = o.batch, w.seq_len = o.seq_len, w.heads = o.heads;
     w.kv_heads = o.kv_heads ? o.kv_heads : o.heads, w.head_dim = o.head_dim;

@@ -35,7 +35,7 @@ double block_condition_tokens(const Workload& w, double gflops, double gbps) {
 
 Json print_projection(const ClusterSpec& c, const Workload& w, const Mask& mask, const std::vector<int>& ranks,
                       const std::vector<LayoutKind>& layouts, const std::vector<Schedule>& schedules) {
-  const bool one_node = c.ranks_per_node >= (1 << 30);
+  const bool one_node = c.ranks_per_node >= kOneNode;
   std::printf("# ringattn plan: %s\n", c.name.c_str());
   if (one_node)
     std::printf("# cluster: one node, link %s between ranks", link_text(c.intra).c_str());
@@ -43,9 +43,11 @@ Json print_projection(const ClusterSpec& c, const Workload& w, const Mask& mask,
     std::printf("# cluster: %d ranks per node; within a node %s per rank; between nodes %s per node over %d link%s",
                 c.ranks_per_node, link_text(c.intra).c_str(), link_text(c.inter).c_str(), c.inter_links,
                 c.inter_links > 1 ? "s" : "");
-  std::printf("\n# kernels per rank: forward %s, backward %s; %g us per kernel call, %g us per message, host copies %s",
+  char host[32] = "free";
+  if (c.host_copy_gbps > 0) std::snprintf(host, sizeof host, "%.3g GB/s", c.host_copy_gbps);
+  std::printf("\n# kernels per rank: forward %s, backward %s; %.3g us per kernel call, %.3g us per message, host copies %s",
               rate_text(c.forward_gflops).c_str(), rate_text(c.backward_gflops).c_str(), c.step_overhead_us,
-              c.message_overhead_us, c.host_copy_gbps > 0 ? (std::to_string(c.host_copy_gbps).substr(0, 6) + " GB/s").c_str() : "free");
+              c.message_overhead_us, host);
   if (c.memory_gib > 0) std::printf("; %g GiB per rank", c.memory_gib);
   std::printf("\n# workload: seq_len %lld, batch %lld, heads %lld (kv %lld), head_dim %lld, %s, mask %s, %s\n",
               (long long)w.seq_len, (long long)w.batch, (long long)w.heads, (long long)w.kv_heads,

@@ -11,6 +11,9 @@
 
 namespace ringattn {
 
+// ranks_per_node of a machine whose ranks all share one node (a calibrated machine).
+inline constexpr int kOneNode = 1 << 30;
+
 // Prints the projection; returns it as JSON (one entry per prediction, and the recommendations).
 Json print_projection(const ClusterSpec& cluster, const Workload& w, const Mask& mask, const std::vector<int>& ranks,
                       const std::vector<LayoutKind>& layouts, const std::vector<Schedule>& schedules);
