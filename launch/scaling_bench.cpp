@@ -149,6 +149,7 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
       throw UsageError("--seq-len " + std::to_string(b.seq_len(P)) + " is smaller than " + std::to_string(P) + " ranks");
     b.masks.push_back(build_mask(o.mask, b.seq_len(P), o.seed));
   }
+  if (ctx.world.rank() == 0) dump_block_mask(o.mask, b.masks.front());  // the first point's
   return b;
 }
 
