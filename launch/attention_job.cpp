@@ -14,6 +14,7 @@
 #include "launch/attention_options.hpp"
 #include "launch/execution.hpp"
 #include "launch/job_control.hpp"
+#include "launch/job_util.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/npy_outputs.hpp"
@@ -21,6 +22,7 @@
 #include "launch/test_hook.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
+#include "runtime/cluster_model.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/random_inputs.hpp"
@@ -67,36 +69,6 @@ std::vector<float> load_rows(const Job& job, const std::optional<NpyInfo>& info,
                          "--dtype fp32");
       }
   return x;
-}
-
-// Host fp32 values in the job's dtype, in backend memory; for bf16 the host copy is rounded in
-// place so that --check sees exactly what the kernels see.
-DeviceBuffer to_backend(AttentionBackend& backend, std::vector<float>& host, DType dtype) {
-  if (dtype == DType::f32) {
-    DeviceBuffer buf(backend, host.size() * sizeof(float));
-    backend.upload(buf.data(), host.data(), host.size() * sizeof(float));
-    return buf;
-  }
-  std::vector<bf16_bits> b(host.size());
-  for (size_t i = 0; i < host.size(); ++i) {
-    b[i] = float_to_bf16(host[i]);
-    host[i] = bf16_to_float(b[i]);
-  }
-  DeviceBuffer buf(backend, b.size() * sizeof(bf16_bits));
-  backend.upload(buf.data(), b.data(), b.size() * sizeof(bf16_bits));
-  return buf;
-}
-
-std::vector<float> download(AttentionBackend& backend, const DeviceBuffer& buf) {
-  std::vector<float> host(buf.bytes() / sizeof(float));
-  backend.download(host.data(), buf.data(), buf.bytes());
-  return host;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Rank 0 reports steps done and time left: on a terminal one line rewritten in place; otherwise
@@ -326,7 +298,7 @@ int run_attention(LaunchContext& ctx) {
   uint64_t rss = peak_rss_bytes();
   comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
   const double flops = 4.0 * double(B) * double(H) * double(D) * double(pairs);
-  const double fwd_s = median(fwd_times), bwd_s = job.backward ? median(bwd_times) : 0.0;
+  const double fwd_s = median_of(fwd_times), bwd_s = job.backward ? median_of(bwd_times) : 0.0;
   const double gflops_rank = flops / fwd_s / P / 1e9;
 
   if (!check_failed) {

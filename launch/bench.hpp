@@ -1,4 +1,4 @@
-// `ringattn bench`: the kernel benchmark (--kernel) and the scaling benchmark.
+// `ringattn bench`: the scaling benchmark (default) and the kernel benchmark (--kernel).
 #pragma once
 
 #include "launch/context.hpp"

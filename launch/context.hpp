@@ -24,9 +24,6 @@ struct LaunchContext {
 // Writes text to path atomically (temporary file, then rename); throws UsageError/RuntimeFault naming `label`.
 void write_text_file(const std::string& path, const std::string& label, const std::string& text);
 
-// "1.5 MiB": binary units, for memory.
-std::string human_bytes(double bytes);
-
 // Peak resident memory of this process, bytes.
 uint64_t peak_rss_bytes();
 

@@ -18,6 +18,7 @@
 #include "kernels/attention_cpu.hpp"
 #include "kernels/reference.hpp"
 #include "launch/job_control.hpp"
+#include "launch/job_util.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
@@ -53,13 +54,6 @@ double sgemm_gflops(int threads, int n) {
     if (rep) best = std::max(best, 2.0 * n * double(n) * n / t / 1e9);  // the first warms up
   }
   return best;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
 }
 
 // PyTorch's numbers for the same shapes, keyed "D/causal/pass"; empty when torch is missing.

@@ -11,6 +11,7 @@
 #include "comm/stopwatch.hpp"
 #include "kernels/attention_cpu.hpp"
 #include "launch/job_control.hpp"
+#include "launch/job_util.hpp"
 #include "launch/json.hpp"
 #include "launch/layer_outputs.hpp"
 #include "launch/mask_options.hpp"

@@ -28,6 +28,7 @@
 #include "launch/job_control.hpp"
 #include "launch/layer_job.hpp"
 #include "launch/options_util.hpp"
+#include "launch/plan_job.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/temp_files.hpp"
 
@@ -39,6 +40,7 @@ int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "attention") return ringattn::run_attention(ctx);
   if (command == "layer") return ringattn::run_layer(ctx);
   if (command == "bench") return ringattn::run_bench(ctx);
+  if (command == "plan") return ringattn::run_plan(ctx);
   // Every rank has the same command (agree_on_subcommand): refuse it together, reported once.
   ringattn::agreed_phase(ctx.world, [&] {
     throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
