@@ -12,9 +12,10 @@
 // the progress. It never throws (an exception must not leave an OpenMP region): an error it
 // meets is thrown by the next test() or wait() of that transfer.
 //
-// Timeouts. A blocking call polls MPI_Test, spinning for the first 50 us, then sleeping 50 us
-// growing to 200 us (a waiting rank leaves its core to a rank that computes: ranks share cores
-// when oversubscribed), and throws CommError after timeout() seconds, naming this rank, the peer,
+// Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
+// over shared memory only while a rank is inside MPI); when the node runs more ranks than cores
+// (oversubscribed), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving its core to a
+// rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
 // the tag and what was awaited. Collectives and creation use the non-blocking MPI calls
 // (MPI_Iallreduce, ..., MPI_Comm_idup) for the same reason; MPI_Comm_split, which has none, is
 // entered only after a bounded barrier has shown that every rank arrived.
