@@ -170,7 +170,7 @@ int run_attention(LaunchContext& ctx) {
   Execution exec;
   agreed_phase(comm, [&] {
     try {
-      exec = make_execution(job.execution, ctx, job.threads);
+      exec = make_execution(job.execution, ctx.world, ctx.local_rank, job.threads);
     } catch (const UsageError&) {
       throw;
     } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs

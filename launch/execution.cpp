@@ -1,7 +1,5 @@
 #include "launch/execution.hpp"
 
-#include <mpi.h>
-
 #include "runtime/cuda_backend.hpp"
 #include "runtime/errors.hpp"
 #if defined(RINGATTN_WITH_CUDA)
@@ -9,6 +7,7 @@
 #endif
 #if defined(RINGATTN_WITH_NCCL)
 #include "comm/host_staged_communicator.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
 #endif
 
@@ -46,21 +45,23 @@ ExecutionChoice choose_execution(const std::string& backend_option, const std::s
   return c;
 }
 
-Execution make_execution(const ExecutionChoice& choice, LaunchContext& ctx, int threads) {
+Execution make_execution(const ExecutionChoice& choice, comm::Communicator& ranks, int local_rank, int threads) {
   Execution e;
-  e.ring_comm = &ctx.world;
+  e.ring_comm = &ranks;
   if (choice.backend == "cpu") {
     e.backend = make_cpu_backend(threads);
     return e;
   }
-  int device = ctx.local_rank % std::max(1, cuda_device_count());
+  int device = local_rank % std::max(1, cuda_device_count());
 #if defined(RINGATTN_WITH_NCCL)
   if (choice.comm == "nccl") {
-    auto nccl = std::make_unique<comm::NcclCommunicator>(MPI_COMM_WORLD);
+    const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ranks);
+    if (!mpi) throw RuntimeFault("--comm nccl: NCCL is set up over an MPI communicator");
+    auto nccl = std::make_unique<comm::NcclCommunicator>(mpi->mpi_comm());
     device = nccl->device();
     e.owned_comm = std::move(nccl);
   } else {  // several ranks may share a GPU: device buffers go over MPI through host memory
-    e.owned_comm = std::make_unique<comm::HostStagedCommunicator>(ctx.world);
+    e.owned_comm = std::make_unique<comm::HostStagedCommunicator>(ranks);
   }
   e.ring_comm = e.owned_comm.get();
 #endif

@@ -29,7 +29,9 @@ struct Execution {
   comm::Communicator* ring_comm = nullptr;         // what K/V moves over (ctx.world for the CPU)
 };
 
-// Builds the backend and the ring's communicator (collective over ctx.world when NCCL is set up).
-Execution make_execution(const ExecutionChoice& choice, LaunchContext& ctx, int threads);
+// Builds the backend and the ring's communicator over the ranks of `ranks` (an MPI communicator:
+// the job's world, or a benchmark point's sub-communicator); collective over them when NCCL is set
+// up. local_rank (the rank's index on its node) picks its GPU when GPUs are shared.
+Execution make_execution(const ExecutionChoice& choice, comm::Communicator& ranks, int local_rank, int threads);
 
 }  // namespace ringattn

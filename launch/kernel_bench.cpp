@@ -120,12 +120,11 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
       ("iters", po::value(&iters)->default_value(3), "timed repetitions (median reported) after one warm-up")
       ("no-torch", po::bool_switch(&no_torch), "skip the PyTorch comparison")
       ("json", po::value(&json_path), "write the table as JSON");
-  bool help = false;
   std::vector<int64_t> dims;
   std::vector<DType> types;
+  const po::variables_map vm = parse_and_agree(ctx.world, desc, args, "bench");
+  const bool help = vm.count("help") > 0;
   agreed_phase(ctx.world, [&] {
-    const auto vm = parse_options(desc, args, "bench");
-    help = vm.count("help") > 0;
     dims = parse_int_list(head_dims, "--head-dims");
     for (int64_t d : dims)
       if (!kernels::cpu_supports_head_dim(d)) throw UsageError("--head-dims: " + std::to_string(d) + " is not supported");

@@ -348,12 +348,12 @@ int run_plan(LaunchContext& ctx) {
   PlanOptions opts;
   ClusterFlags flags;
   const po::options_description desc = describe(opts, flags);
-  bool help = false;
   int code = kExitOk;
+  const po::variables_map vm = parse_and_agree(ctx.world, desc, ctx.args, "plan");
+  const bool help = vm.count("help") > 0;
   // Arithmetic only: rank 0 plans, and every rank ends with its exit code.
   agreed_phase(ctx.world, [&] {
-    const po::variables_map vm = parse_options(desc, ctx.args, "plan");
-    if ((help = vm.count("help") > 0) || ctx.world.rank() != 0) return;
+    if (help || ctx.world.rank() != 0) return;
     code = plan(opts, flags, vm);
   });
   if (help && ctx.world.rank() == 0)

@@ -13,6 +13,7 @@
 
 #include "kernels/attention_cpu.hpp"
 #include "launch/job_control.hpp"
+#include "launch/execution.hpp"
 #include "launch/job_util.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
@@ -65,8 +66,8 @@ po::options_description describe(BenchOptions& o) {
        "token sharding (default: zigzag when causal, else contiguous)")
       ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"), "K/V schedule")
       ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"), "storage and transfer type")
-      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cpu in this build")
-      ("comm", po::value(&o.comm)->value_name("mpi|nccl"), "default: mpi")
+      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu")
+      ("comm", po::value(&o.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi")
       ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
        "CPU threads per rank (0 = the node's cores shared among its ranks)")
       ("iters", po::value(&o.iters)->default_value(3)->value_name("N"), "timed iterations per point (median, p95)")
@@ -98,6 +99,8 @@ struct Bench {
   Schedule schedule = Schedule::direct;
   DType dtype = DType::f32;
   int threads = 1;
+  ExecutionChoice execution;  // backend and communicator
+  int local_rank = 0;         // on its node: picks the GPU when GPUs are shared
   int64_t seq_len(int P) const { return weak ? opt.tokens_per_rank * P : opt.seq_len; }
 };
 
@@ -126,7 +129,8 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
     throw UsageError("batch, seq-len, tokens-per-rank, heads, kv-heads and head-dim must be positive");
   if (o.heads % Hkv != 0)
     throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --kv-heads " + std::to_string(Hkv));
-  if (!kernels::cpu_supports_head_dim(o.head_dim))
+  b.execution = choose_execution(o.backend, o.comm, o.head_dim, ctx);
+  if (b.execution.backend == "cpu" && !kernels::cpu_supports_head_dim(o.head_dim))
     throw UsageError("--head-dim " + std::to_string(o.head_dim) + " is not supported: use a multiple of 16 up to 512");
   if (o.iters < 1 || o.warmup < 0 || o.threads < 0 || o.check_rows < 1 || o.timeout <= 0)
     throw UsageError("--iters, --check-rows and --timeout must be positive; --warmup and --threads not negative");
@@ -135,14 +139,12 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   if (o.dtype == "fp32") b.dtype = DType::f32;
   else if (o.dtype == "bf16") b.dtype = DType::bf16;
   else throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
-  if (!o.backend.empty() && o.backend != "cpu")
-    throw UsageError("--backend " + o.backend + ": this build runs the benchmark on the CPU backend only");
-  if (!o.comm.empty() && o.comm != "mpi") throw UsageError("--comm " + o.comm + ": this build has mpi only");
   b.layout = o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous) : parse_layout(o.layout);
   b.schedule = parse_schedule(o.schedule);
   b.backward = !o.forward_only;
   b.check = !o.no_check;
   b.threads = o.threads ? o.threads : ctx.default_threads();
+  b.local_rank = ctx.local_rank;
   b.dims = kernels::AttentionDims{o.batch, o.heads, Hkv, o.head_dim, 1.0f / std::sqrt(float(o.head_dim))};
   for (int P : b.ranks) {
     if (b.seq_len(P) < P)
@@ -202,7 +204,11 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
   const ShardLayout layout(b.layout, L, P);
   const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = static_cast<int64_t>(pos.size());
-  auto backend = make_cpu_backend(b.threads);
+  Execution exec = make_execution(b.execution, comm, b.local_rank, b.threads);
+  AttentionBackend* backend = exec.backend.get();
+  comm::Communicator& ring_comm = *exec.ring_comm;
+  ring_comm.set_timeout(comm.timeout());
+  ring_comm.set_link_emulation(comm.link_emulation());
   auto random_input = [&](RandomTensor t, int64_t heads) {
     std::vector<float> x(static_cast<size_t>(B * rows * heads * D));
     random_rows(x.data(), b.opt.seed, t, B, L, heads * D, pos.data(), rows);
@@ -219,7 +225,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
   const bool host_fp32 = backend->memory() == comm::MemorySpace::host && b.dtype == DType::f32;
   if (!b.check || host_fp32) q = {}, k = {}, v = {}, dout = {};
 
-  RingAttention ring(comm, *backend, layout, mask, RingOptions{dims, b.dtype, b.schedule});
+  RingAttention ring(ring_comm, *backend, layout, mask, RingOptions{dims, b.dtype, b.schedule});
   auto f32 = [&](int64_t n) { return DeviceBuffer(*backend, sizeof(float) * static_cast<size_t>(n)); };
   const DeviceBuffer o = f32(B * rows * H * D), lse = f32(B * H * rows);
   DeviceBuffer dq, dk, dv;
@@ -305,13 +311,10 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   BenchOptions opts;
   const po::options_description desc = describe(opts);
   Bench b;
-  bool help = false;
-  agreed_phase(world, [&] {
-    const po::variables_map vm = parse_options(desc, args, "bench");
-    if ((help = vm.count("help") > 0)) return;
-    agree_on_options(world, canonical_options(vm));
-    b = resolve(opts, vm, ctx);
-  });
+  // Parse, agree, then validate: each its own agreed phase.
+  const po::variables_map vm = parse_and_agree(world, desc, args, "bench");
+  const bool help = vm.count("help") > 0;
+  if (!help) agreed_phase(world, [&] { b = resolve(opts, vm, ctx); });
   if (help) {
     if (world.rank() == 0)
       std::cout << "usage: mpirun -np P ringattn bench [options]   (ringattn bench --kernel: the kernel benchmark)\n\n"
@@ -331,7 +334,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   setup.head_dim = b.dims.head_dim;
   setup.mask = b.masks.front().describe(), setup.mask_options = b.opt.mask;
   setup.layout = layout_name(b.layout), setup.schedule = schedule_name(b.schedule), setup.dtype = dtype_name(b.dtype);
-  setup.backend = "cpu", setup.comm = world.name();
+  setup.backend = b.execution.backend, setup.comm = b.execution.comm;
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   setup.host = host, setup.cpu = cpu_model(), setup.isa = kernels::cpu_isa();
