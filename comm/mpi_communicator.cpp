@@ -1,5 +1,6 @@
 #include "comm/mpi_communicator.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -311,6 +312,10 @@ bool MpiCommunicator::block(SecondsLeft seconds_left) {
     } else if (node_oversubscribed() && now - start >= kSpinSeconds) {
       sleep_seconds(std::min(pause, until_timeout));
       pause = std::min(2 * pause, kLongestSleepSeconds);
+    } else {
+      // Poll again at once, but let a runnable thread of another process go first (as Open
+      // MPI's mpi_yield_when_idle does): free when the core is ours, fair when it is not.
+      sched_yield();
     }
   }
 }

@@ -13,7 +13,8 @@
 // meets is thrown by the next test() or wait() of that transfer.
 //
 // Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
-// over shared memory only while a rank is inside MPI); when the node runs more ranks than cores
+// over shared memory only while a rank is inside MPI), yielding the core between polls to any
+// other runnable process (sched_yield); when the node runs more ranks than cores
 // (oversubscribed), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving its core to a
 // rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
 // the tag and what was awaited. Collectives and creation use the non-blocking MPI calls

@@ -182,28 +182,30 @@ int run_attention(LaunchContext& ctx) {
   comm::Communicator& ring_comm = *exec.ring_comm;
   ring_comm.set_timeout(job.opt.timeout);
 
-  // Inputs: each rank reads (or generates) only its own rows.
+  // Inputs: each rank reads (or generates) only its own rows, one tensor at a time into the
+  // backend. A host copy is kept only for --check, and not even then when the backend's buffers
+  // are host fp32 already (the check reads them).
   std::vector<float> q, k, v, dout;
   DeviceBuffer dq_in, dk_in, dv_in, ddo_in;
   const bool scan = job.files ? !job.opt.no_check_finite : job.opt.check_finite;
+  const bool inputs_on_host = backend->memory() == comm::MemorySpace::host && job.dtype == DType::f32;
+  const bool keep_host_copy = job.opt.check && !inputs_on_host;
   std::string notes[4];
   agreed_phase(comm, [&] {
-    q = load_rows(job, job.q_info, RandomTensor::q, H, pos, scan, &notes[0]);
-    k = load_rows(job, job.k_info, RandomTensor::k, Hkv, pos, scan, &notes[1]);
-    v = load_rows(job, job.v_info, RandomTensor::v, Hkv, pos, scan, &notes[2]);
-    if (job.backward) dout = load_rows(job, job.dout_info, RandomTensor::dout, H, pos, scan, &notes[3]);
-    dq_in = to_backend(*backend, q, job.dtype);
-    dk_in = to_backend(*backend, k, job.dtype);
-    dv_in = to_backend(*backend, v, job.dtype);
-    if (job.backward) ddo_in = to_backend(*backend, dout, job.dtype);
+    auto load = [&](std::vector<float>& host, DeviceBuffer& buf, const std::optional<NpyInfo>& info,
+                    RandomTensor tensor, int64_t heads, std::string* note) {
+      host = load_rows(job, info, tensor, heads, pos, scan, note);
+      buf = to_backend(*backend, host, job.dtype);
+      if (!keep_host_copy) host = std::vector<float>();
+    };
+    load(q, dq_in, job.q_info, RandomTensor::q, H, &notes[0]);
+    load(k, dk_in, job.k_info, RandomTensor::k, Hkv, &notes[1]);
+    load(v, dv_in, job.v_info, RandomTensor::v, Hkv, &notes[2]);
+    if (job.backward) load(dout, ddo_in, job.dout_info, RandomTensor::dout, H, &notes[3]);
   });
   if (rank == 0)  // every rank converted its rows alike: one note
     for (const std::string& note : notes)
       if (!note.empty()) std::fprintf(stderr, "ringattn: note: %s\n", note.c_str());
-  if (!job.opt.check) {  // the host copies are only needed to check
-    q = {}, k = {}, v = {};
-    if (job.backward) dout = {};
-  }
 
   ring_comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
   RingAttention ring(ring_comm, *backend, layout, mask, RingOptions{job.dims, job.dtype, job.schedule});
@@ -278,14 +280,19 @@ int run_attention(LaunchContext& ctx) {
   }
   ring.on_step = nullptr;
 
-  // Results on the host.
-  const std::vector<float> o = download(*backend, o_buf), lse = download(*backend, lse_buf);
-  std::vector<float> dq, dk, dv;
-  if (job.backward) dq = download(*backend, dq_buf), dk = download(*backend, dk_buf), dv = download(*backend, dv_buf);
+  // Results on the host: the backend's buffers themselves, or copies from the device.
+  std::vector<float> o_copy, lse_copy, dq_copy, dk_copy, dv_copy;
+  const float* o = host_floats(*backend, o_buf, o_copy);
+  const float* lse = host_floats(*backend, lse_buf, lse_copy);
+  const float* dq = host_floats(*backend, dq_buf, dq_copy);
+  const float* dk = host_floats(*backend, dk_buf, dk_copy);
+  const float* dv = host_floats(*backend, dv_buf, dv_copy);
 
   std::optional<CheckReport> check;
   if (job.opt.check) {  // communicates: a failure here ends every rank at once (main's handler)
-    CheckTensors t{q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data()};
+    CheckTensors t{q.data(), k.data(), v.data(), o, lse, dout.data(), dq, dk, dv};
+    if (inputs_on_host)
+      t.q = dq_in.as<float>(), t.k = dk_in.as<float>(), t.v = dv_in.as<float>(), t.dout = ddo_in.as<float>();
     check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);
   }
   const bool check_failed = check && !check->passed();
@@ -309,12 +316,12 @@ int run_attention(LaunchContext& ctx) {
                    int64_t outer, int64_t inner) {
       if (!path.empty()) files.push_back({path, label, std::move(shape), RowSelection{outer, job.seq_len, inner, pos}, data});
     };
-    add("--out", job.opt.out, qshape, o.data(), B, H * D);
-    add("--lse", job.opt.lse, {B, H, job.seq_len}, lse.data(), B * H, 1);
+    add("--out", job.opt.out, qshape, o, B, H * D);
+    add("--lse", job.opt.lse, {B, H, job.seq_len}, lse, B * H, 1);
     if (job.backward) {
-      add("--dq", job.opt.dq, qshape, dq.data(), B, H * D);
-      add("--dk", job.opt.dk, kshape, dk.data(), B, Hkv * D);
-      add("--dv", job.opt.dv, kshape, dv.data(), B, Hkv * D);
+      add("--dq", job.opt.dq, qshape, dq, B, H * D);
+      add("--dk", job.opt.dk, kshape, dk, B, Hkv * D);
+      add("--dv", job.opt.dv, kshape, dv, B, Hkv * D);
     }
     if (!files.empty()) write_outputs(comm, files, [&] { test_hook.at_write(); });
   }

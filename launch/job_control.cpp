@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/errors.hpp"
+#include "runtime/temp_files.hpp"
 
 namespace ringattn {
 
@@ -76,6 +77,9 @@ void fail_now(comm::Communicator& comm, const std::exception& e) {
     print_error(rank + ": " + message);
   else
     print_error(message);
+  // MPI_Abort ends this process without unwinding: remove its unfinished outputs first (a
+  // peer's failure can reach this rank before mpirun's signal does).
+  temp_files::remove_all();
   comm.abort(code);
   std::_Exit(code);  // not reached: abort() ends the process
 }

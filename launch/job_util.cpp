@@ -27,6 +27,13 @@ std::vector<float> download(AttentionBackend& backend, const DeviceBuffer& buf) 
   return host;
 }
 
+const float* host_floats(AttentionBackend& backend, const DeviceBuffer& buf, std::vector<float>& storage) {
+  if (!buf.data()) return nullptr;
+  if (backend.memory() == comm::MemorySpace::host) return buf.as<float>();
+  storage = download(backend, buf);
+  return storage.data();
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

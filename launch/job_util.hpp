@@ -17,6 +17,10 @@ DeviceBuffer to_backend(AttentionBackend& backend, std::vector<float>& host, DTy
 // A backend buffer of fp32 values, on the host.
 std::vector<float> download(AttentionBackend& backend, const DeviceBuffer& buf);
 
+// The fp32 values of a backend buffer as host memory: the buffer itself when the backend's
+// memory is the host's (no copy), else a copy downloaded into `storage`.
+const float* host_floats(AttentionBackend& backend, const DeviceBuffer& buf, std::vector<float>& storage);
+
 // "12.3 MiB"
 std::string human_bytes(double bytes);
 
