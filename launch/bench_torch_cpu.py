@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's CPU scaled_dot_product_attention on the shapes of `ringattn bench --kernel`.
 
-Prints one JSON object per line: {"head_dim", "causal", "pass", "seconds", "gflops"}, with FLOPs
+Prints one JSON object per line: {"head_dim", "dtype", "causal", "pass", "seconds", "gflops"}, with FLOPs
 counted as ringattn counts them (forward 4*B*H*D*visible pairs, backward 2.5x). Exits 3 when
 torch cannot be imported, so the caller can leave the column empty.
 """
@@ -19,6 +19,7 @@ def main():
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--dtypes", default="fp32", help="fp32 and/or bf16, comma-separated")
     args = ap.parse_args()
     try:
         import torch
@@ -28,9 +29,11 @@ def main():
         sys.exit(3)
     torch.set_num_threads(args.threads)
     L, H = args.seq_len, args.heads
+    types = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for d in [int(x) for x in args.head_dims.split(",")]:
+      for dtype in args.dtypes.split(","):
         for causal in (False, True):
-            q, k, v = (torch.randn(1, H, L, d, requires_grad=True) for _ in range(3))
+            q, k, v = (torch.randn(1, H, L, d, dtype=types[dtype], requires_grad=True) for _ in range(3))
             pairs = L * (L + 1) // 2 if causal else L * L
             flops = 4.0 * H * d * pairs
             fwd, bwd = [], []
@@ -46,7 +49,8 @@ def main():
                 q.grad = k.grad = v.grad = None
             for name, times, f in (("forward", fwd, flops), ("backward", bwd, 2.5 * flops)):
                 s = statistics.median(times)
-                print(json.dumps({"head_dim": d, "causal": causal, "pass": name, "seconds": s, "gflops": f / s / 1e9}))
+                print(json.dumps({"head_dim": d, "dtype": dtype, "causal": causal, "pass": name, "seconds": s,
+                                  "gflops": f / s / 1e9}))
                 sys.stdout.flush()
 
 

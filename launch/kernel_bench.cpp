@@ -56,9 +56,12 @@ double sgemm_gflops(int threads, int n) {
   return best;
 }
 
+std::string torch_key(int64_t head_dim, const std::string& dtype, const std::string& mask, const std::string& pass);
+
 // PyTorch's numbers for the same shapes, keyed "D/causal/pass"; empty when torch is missing.
-std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vector<int64_t>& dims, int threads,
-                                           int iters, std::string& version_note) {
+std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vector<int64_t>& dims,
+                                           const std::string& dtypes, int threads, int iters,
+                                           std::string& version_note) {
   std::map<std::string, double> out;
   char exe[4096] = {0};
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -72,8 +75,8 @@ std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vect
   for (int64_t d : dims) d_list += (d_list.empty() ? "" : ",") + std::to_string(d);
   const char* python = std::getenv("RINGATTN_PYTHON");  // a Python with torch, e.g. a venv's
   const std::string cmd = std::string(python && *python ? python : "python3") + " " + script + " --seq-len " + std::to_string(L) + " --heads " + std::to_string(H) +
-                          " --head-dims " + d_list + " --threads " + std::to_string(threads) + " --iters " +
-                          std::to_string(iters) + " 2>/dev/null";
+                          " --head-dims " + d_list + " --dtypes " + dtypes + " --threads " + std::to_string(threads) +
+                          " --iters " + std::to_string(iters) + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
   char line[512];
@@ -87,12 +90,17 @@ std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vect
     const long d = std::strtol(field("head_dim").c_str(), nullptr, 10);
     const bool causal = field("causal").rfind("true", 0) == 0;
     const std::string pass = field("pass").rfind("\"forward", 0) == 0 ? "forward" : "backward";
-    out[std::to_string(d) + (causal ? "/causal/" : "/none/") + pass] = std::strtod(field("gflops").c_str(), nullptr);
+    const std::string dtype = field("dtype").rfind("\"bf16", 0) == 0 ? "bf16" : "fp32";
+    out[torch_key(d, dtype, causal ? "causal" : "none", pass)] = std::strtod(field("gflops").c_str(), nullptr);
   }
   version_note = pclose(p) == 0 && !out.empty()
-                     ? "PyTorch CPU scaled_dot_product_attention, same shapes and threads, fp32"
+                     ? "PyTorch CPU scaled_dot_product_attention, same shapes, dtypes and threads"
                      : "PyTorch not available (install torch, or point RINGATTN_PYTHON at a Python that has it)";
   return out;
+}
+
+std::string torch_key(int64_t head_dim, const std::string& dtype, const std::string& mask, const std::string& pass) {
+  return std::to_string(head_dim) + "/" + dtype + "/" + mask + "/" + pass;
 }
 
 struct Row {
@@ -149,7 +157,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   const double peak = kernels::measure_fma_peak_gflops(threads);
   const double sgemm = sgemm_gflops(threads, 2048);
   std::string torch_note = "PyTorch comparison skipped (--no-torch)";
-  const auto torch = no_torch ? std::map<std::string, double>{} : torch_gflops(L, H, dims, threads, iters, torch_note);
+  const auto torch = no_torch ? std::map<std::string, double>{} : torch_gflops(L, H, dims, dtypes, threads, iters, torch_note);
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
 
   std::printf("# ringattn kernel benchmark: CPU attention vs sgemm and FMA peak on the same cores, same run\n");
@@ -265,9 +273,9 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
           const std::string pname = pass ? "backward" : "forward";
           Row r{D, mname, dtype_name(dtype), pname, t, g, pass ? bwd_wrong : fwd_wrong};
           rows.push_back(r);
-          const auto it = torch.find(std::to_string(D) + "/" + mname + "/" + pname);
+          const auto it = torch.find(torch_key(D, dtype_name(dtype), mname, pname));
           char tcol[32] = "n/a", rcol[32] = "n/a";
-          if (it != torch.end() && dtype == DType::f32) {
+          if (it != torch.end()) {
             std::snprintf(tcol, sizeof tcol, "%.1f", it->second);
             std::snprintf(rcol, sizeof rcol, "%.2fx", g / it->second);
           }
@@ -301,8 +309,8 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
       p["gflops"] = r.gflops;
       p["fraction_of_sgemm"] = r.gflops / sgemm;
       p["fraction_of_peak"] = r.gflops / peak;
-      const auto it = torch.find(std::to_string(r.head_dim) + "/" + r.mask + "/" + r.pass);
-      if (it != torch.end() && r.dtype == "fp32") p["torch_gflops"] = it->second;
+      const auto it = torch.find(torch_key(r.head_dim, r.dtype, r.mask, r.pass));
+      if (it != torch.end()) p["torch_gflops"] = it->second;
       p["wrong"] = r.wrong;
       pts.push_back(p);
     }
