@@ -127,8 +127,11 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
   cal.rms_relative_residual = std::sqrt(sum / double(obs.size()));
 
   if (fit_machine_link) {
-    // A scan of bandwidths (0.03 GB/s .. unlimited) and latencies (none .. 10 ms) in steps of a
-    // quarter decade, then golden-section refinement of each around the best.
+    constexpr double kMaxLogLatencyUs = 2.0;
+    // A scan of bandwidths (0.03 GB/s .. unlimited) and latencies (none .. 100 us: what a
+    // message between ranks of one machine can cost; a larger "latency" would only absorb other
+    // misfit and then spoil every prediction over a slower link) in steps of a quarter decade,
+    // then golden-section refinement of each around the best.
     auto link_at = [](double log_gbps, double log_us) {
       return LinkSpec{log_gbps >= 4.0 ? 0.0 : std::pow(10.0, log_gbps), log_us < 0.0 ? 0.0 : std::pow(10.0, log_us)};
     };
@@ -139,7 +142,7 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
     };
     double bw = 4.0, lat = -0.25, best = misfit(bw, lat);
     for (double g = -1.5; g <= 4.0; g += 0.25)
-      for (double u = -0.25; u <= 4.0; u += 0.25)
+      for (double u = -0.25; u <= kMaxLogLatencyUs; u += 0.25)
         if (const double e = misfit(g, u); e < best) bw = g, lat = u, best = e;
     const double golden = (std::sqrt(5.0) - 1) / 2;
     auto refine = [&](double& x, const std::function<double(double)>& f) {
@@ -154,7 +157,7 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
     };
     for (int round = 0; round < 8; ++round) {
       if (bw < 4.0) refine(bw, [&](double g) { return misfit(std::min(g, 3.99), lat); });
-      if (lat >= 0.0) refine(lat, [&](double u) { return misfit(bw, std::max(u, 0.0)); });
+      if (lat >= 0.0) refine(lat, [&](double u) { return misfit(bw, std::clamp(u, 0.0, kMaxLogLatencyUs)); });
     }
     m.intra = link_at(bw, lat);
   }
