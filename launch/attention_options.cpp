@@ -41,31 +41,17 @@ po::options_description describe_attention_options(Options& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
+  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, &o.backend, &o.comm, &o.threads, &o.timeout,
+                         &o.emulate_bandwidth, &o.emulate_latency});
   run.add_options()
-      ("layout", po::value(&o.layout)->value_name("contiguous|zigzag|striped"),
-       "token sharding over ranks (default: zigzag when causal, else contiguous)")
-      ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"),
-       "direct: each rank's rows straight to the ranks that need them; ring: neighbour relay")
-      ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"),
-       "storage and transfer type (accumulation is fp32)")
-      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu")
-      ("comm", po::value(&o.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi")
-      ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
-       "CPU threads per rank (0 = the node's cores shared among its ranks)")
       ("iters", po::value(&o.iters)->default_value(1)->value_name("N"), "timed repetitions (the median is reported)")
       ("warmup", po::value(&o.warmup)->default_value(0)->value_name("N"), "untimed repetitions first")
-      ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 if off)")
+      ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 when they differ)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows sampled by --check")
       ("check-finite", po::bool_switch(&o.check_finite), "refuse NaN/Inf inputs (default for file inputs)")
       ("no-check-finite", po::bool_switch(&o.no_check_finite), "skip the NaN/Inf scan of file inputs")
       ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)")
-      ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
-       "end the job (exit 4) when a rank waits longer than this for a peer")
-      ("progress", po::bool_switch(&o.progress), "show steps done and time left on stderr (rank 0)")
-      ("emulate-bandwidth", po::value(&o.emulate_bandwidth)->default_value(0.0)->value_name("GBPS"),
-       "MPI: delay transfers as a link of this bandwidth would (GB/s, 0 = off)")
-      ("emulate-latency", po::value(&o.emulate_latency)->default_value(0.0)->value_name("US"),
-       "MPI: add this latency to every transfer (microseconds)");
+      ("progress", po::bool_switch(&o.progress), "show steps done and time left on stderr (rank 0)");
   po::options_description all("ringattn [attention] options");
   all.add_options()("help,h", "show this help");
   all.add(inputs).add(outputs).add(masks).add(run);

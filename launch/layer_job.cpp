@@ -99,18 +99,8 @@ po::options_description describe(Options& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
-  run.add_options()
-      ("layout", po::value(&o.layout)->value_name("contiguous|zigzag|striped"),
-       "token sharding over ranks (default: zigzag when causal, else contiguous)")
-      ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"),
-       "how K/V move between ranks in the attention")
-      ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"),
-       "storage and transfer type of Q, K, V in the attention (projections are fp32)")
-      ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
-       "CPU threads per rank (0 = the node's cores shared among its ranks)")
-      ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)")
-      ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
-       "end the job (exit 4) when a rank waits longer than this for a peer");
+  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, nullptr, nullptr, &o.threads, &o.timeout});
+  run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
   all.add(inputs).add(outputs).add(training).add(demo).add(masks).add(run);

@@ -114,4 +114,33 @@ po::variables_map parse_and_agree(comm::Communicator& comm, const po::options_de
   return vm;
 }
 
+void add_ring_options(po::options_description& desc, const RingOptionFields& f) {
+  auto add = desc.add_options();
+  if (f.layout)
+    add("layout", po::value(f.layout)->value_name("contiguous|zigzag|striped"),
+        "token sharding over ranks (default: zigzag when causal, else contiguous)");
+  if (f.schedule)
+    add("schedule", po::value(f.schedule)->default_value("direct")->value_name("direct|ring"),
+        "direct: each rank's rows straight to the ranks that need them; ring: neighbour relay");
+  if (f.dtype)
+    add("dtype", po::value(f.dtype)->default_value("fp32")->value_name("fp32|bf16"),
+        "storage and transfer type of Q, K, V (accumulation is fp32)");
+  if (f.backend)
+    add("backend", po::value(f.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu");
+  if (f.comm)
+    add("comm", po::value(f.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi");
+  if (f.threads)
+    add("threads", po::value(f.threads)->default_value(0)->value_name("N"),
+        "CPU threads per rank (0 = the node's cores shared among its ranks)");
+  if (f.timeout)
+    add("timeout", po::value(f.timeout)->default_value(300.0)->value_name("SECONDS"),
+        "end the job (exit 4) when a rank waits longer than this for a peer");
+  if (f.emulate_bandwidth)
+    add("emulate-bandwidth", po::value(f.emulate_bandwidth)->default_value(0.0)->value_name("GBPS"),
+        "MPI: deliver transfers no sooner than a link of this bandwidth would (GB/s, 0 = off)");
+  if (f.emulate_latency)
+    add("emulate-latency", po::value(f.emulate_latency)->default_value(0.0)->value_name("US"),
+        "MPI: add this latency to every transfer (microseconds)");
+}
+
 }  // namespace ringattn

@@ -45,6 +45,25 @@ boost::program_options::variables_map parse_and_agree(comm::Communicator& comm,
                                                       const boost::program_options::options_description& desc,
                                                       const std::vector<std::string>& args, const std::string& command);
 
+// Where the options of the ring's execution are stored by a subcommand. Null members are options
+// that subcommand does not have (the layer runs on the CPU only: no --backend, --comm).
+struct RingOptionFields {
+  std::string* layout = nullptr;
+  std::string* schedule = nullptr;
+  std::string* dtype = nullptr;
+  std::string* backend = nullptr;
+  std::string* comm = nullptr;
+  int* threads = nullptr;
+  double* timeout = nullptr;
+  double* emulate_bandwidth = nullptr;
+  double* emulate_latency = nullptr;
+};
+
+// --layout, --schedule, --dtype, --backend, --comm, --threads, --timeout and the link emulation
+// (--emulate-bandwidth, --emulate-latency), declared once for
+// every subcommand that runs the ring, with the same defaults and help.
+void add_ring_options(boost::program_options::options_description& desc, const RingOptionFields& f);
+
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {
   return vm.count(name) && !vm[name].defaulted();

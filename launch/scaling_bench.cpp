@@ -61,28 +61,16 @@ po::options_description describe(BenchOptions& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
+  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, &o.backend, &o.comm, &o.threads, &o.timeout,
+                         &o.emulate_bandwidth, &o.emulate_latency});
   run.add_options()
-      ("layout", po::value(&o.layout)->value_name("contiguous|zigzag|striped"),
-       "token sharding (default: zigzag when causal, else contiguous)")
-      ("schedule", po::value(&o.schedule)->default_value("direct")->value_name("direct|ring"), "K/V schedule")
-      ("dtype", po::value(&o.dtype)->default_value("fp32")->value_name("fp32|bf16"), "storage and transfer type")
-      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu")
-      ("comm", po::value(&o.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi")
-      ("threads", po::value(&o.threads)->default_value(0)->value_name("N"),
-       "CPU threads per rank (0 = the node's cores shared among its ranks)")
       ("iters", po::value(&o.iters)->default_value(3)->value_name("N"), "timed iterations per point (median, p95)")
       ("warmup", po::value(&o.warmup)->default_value(1)->value_name("N"), "untimed iterations first")
       ("forward-only", po::bool_switch(&o.forward_only), "time the forward pass only (default: forward and backward)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows checked against fp64 per point")
       ("no-check", po::bool_switch(&o.no_check), "skip the per-point check")
       ("json", po::value(&o.json)->value_name("FILE"), "write {\"config\", \"points\"} (rank 0)")
-      ("csv", po::value(&o.csv)->value_name("FILE"), "write one line per point (rank 0)")
-      ("timeout", po::value(&o.timeout)->default_value(300.0)->value_name("SECONDS"),
-       "end the job (exit 4) when a rank of a point waits longer than this for a peer")
-      ("emulate-bandwidth", po::value(&o.emulate_bandwidth)->default_value(0.0)->value_name("GBPS"),
-       "delay transfers as a link of this bandwidth would (GB/s, 0 = off)")
-      ("emulate-latency", po::value(&o.emulate_latency)->default_value(0.0)->value_name("US"),
-       "add this latency to every transfer (microseconds)");
+      ("csv", po::value(&o.csv)->value_name("FILE"), "write one line per point (rank 0)");
   po::options_description all("ringattn bench options (ringattn bench --kernel --help: the kernel benchmark)");
   all.add_options()("help,h", "show this help");
   all.add(sweep).add(shape).add(masks).add(run);
