@@ -127,11 +127,11 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
   cal.rms_relative_residual = std::sqrt(sum / double(obs.size()));
 
   if (fit_machine_link) {
-    constexpr double kMaxLogLatencyUs = 2.0;
-    // A scan of bandwidths (0.03 GB/s .. unlimited) and latencies (none .. 100 us: what a
-    // message between ranks of one machine can cost; a larger "latency" would only absorb other
-    // misfit and then spoil every prediction over a slower link) in steps of a quarter decade,
-    // then golden-section refinement of each around the best.
+    constexpr double kMaxLogLatencyUs = 3.0;
+    // A scan of bandwidths (0.03 GB/s .. unlimited) and latencies (none .. 1 ms: more than any
+    // message between ranks of one machine or cluster costs; a larger "latency" would only absorb
+    // other misfit and then spoil every prediction over a slower link) in steps of a quarter
+    // decade, then golden-section refinement of each around the best.
     auto link_at = [](double log_gbps, double log_us) {
       return LinkSpec{log_gbps >= 4.0 ? 0.0 : std::pow(10.0, log_gbps), log_us < 0.0 ? 0.0 : std::pow(10.0, log_us)};
     };
