@@ -184,8 +184,14 @@ void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_st
 // Hkv*D elements apart, often a whole page, and streaming a block of them thrashes the TLB
 // (measured: 2.5x slower at Hkv = 8).
 struct PackedKeyValues {
-  std::vector<float> k, v;          // fp32, when asked for
-  std::vector<bf16_bits> k16, v16;  // bf16, when asked for
+  // Head-major rows: the caller's arrays themselves when their layout already is head-major
+  // (a single K/V head, as in MQA) and their type is the one asked for; else copies.
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const bf16_bits* k16 = nullptr;
+  const bf16_bits* v16 = nullptr;
+  std::vector<float> k_copy, v_copy;
+  std::vector<bf16_bits> k16_copy, v16_copy;
   int64_t rows = 0, head_dim = 0;
   int64_t offset(int64_t b, int64_t kvh, int64_t kv_heads) const { return ((b * kv_heads + kvh) * rows) * head_dim; }
 };
@@ -199,11 +205,23 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
   PackedKeyValues out;
   out.rows = rows;
   out.head_dim = D;
+  // With one K/V head, (B, rows, 1, D) is head-major already: no copy in the input's own type.
+  const bool in_place = Hkv == 1;
+  const bool f32_in = kv.dtype == DType::f32, bf16_in = kv.dtype == DType::bf16;
+  if (in_place && f32_in) {
+    if (want.k32) out.k = static_cast<const float*>(kv.k), want.k32 = false;
+    if (want.v32) out.v = static_cast<const float*>(kv.v), want.v32 = false;
+  }
+  if (in_place && bf16_in) {
+    if (want.k16) out.k16 = static_cast<const bf16_bits*>(kv.k), want.k16 = false;
+    if (want.v16) out.v16 = static_cast<const bf16_bits*>(kv.v), want.v16 = false;
+  }
   const size_t n = static_cast<size_t>(B * Hkv * rows * D);
-  if (want.k32) out.k.resize(n);
-  if (want.v32) out.v.resize(n);
-  if (want.k16) out.k16.resize(n);
-  if (want.v16) out.v16.resize(n);
+  if (want.k32) out.k_copy.resize(n), out.k = out.k_copy.data();
+  if (want.v32) out.v_copy.resize(n), out.v = out.v_copy.data();
+  if (want.k16) out.k16_copy.resize(n), out.k16 = out.k16_copy.data();
+  if (want.v16) out.v16_copy.resize(n), out.v16 = out.v16_copy.data();
+  if (!(want.k32 || want.v32 || want.k16 || want.v16)) return out;
   const auto* k16_in = static_cast<const bf16_bits*>(kv.k);
   const auto* v16_in = static_cast<const bf16_bits*>(kv.v);
 #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
@@ -213,11 +231,11 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
         const int64_t src = ((b * rows + j) * Hkv + kvh) * D;
         const int64_t dst = ((b * Hkv + kvh) * rows + j) * D;
         if (want.k32)
-          for (int64_t d = 0; d < D; ++d) out.k[dst + d] = element(kv.k, kv.dtype, src + d);
+          for (int64_t d = 0; d < D; ++d) out.k_copy[dst + d] = element(kv.k, kv.dtype, src + d);
         if (want.v32)
-          for (int64_t d = 0; d < D; ++d) out.v[dst + d] = element(kv.v, kv.dtype, src + d);
-        if (want.k16) std::copy_n(k16_in + src, D, out.k16.data() + dst);
-        if (want.v16) std::copy_n(v16_in + src, D, out.v16.data() + dst);
+          for (int64_t d = 0; d < D; ++d) out.v_copy[dst + d] = element(kv.v, kv.dtype, src + d);
+        if (want.k16) std::copy_n(k16_in + src, D, out.k16_copy.data() + dst);
+        if (want.v16) std::copy_n(v16_in + src, D, out.v16_copy.data() + dst);
       }
   return out;
 }
@@ -341,16 +359,16 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       if (dot16) {
         pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qt_pairs.data());
         args.qt_pairs = qt_pairs.data();
-        args.k16 = packed.k16.data() + kv_offset;
+        args.k16 = packed.k16 + kv_offset;
         args.score_scale = qscale;
       } else {
         pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, qt.data());
         args.qt = qt.data();
-        args.k = packed.k.data() + kv_offset;
+        args.k = packed.k + kv_offset;
       }
       args.head_dim = D;
       args.nq = tile.count;
-      args.v = packed.v.data() + kv_offset;
+      args.v = packed.v + kv_offset;
       args.kv_stride = D;
       args.blocks = refs.data();
       args.num_blocks = static_cast<int>(refs.size());
@@ -412,9 +430,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   // dV, dK and dQ (products with P and dS) in fp32.
   const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
   const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{true, !dot16, dot16, dot16}, threads);
-  // dK/dV accumulate head-major like K/V (contiguous rows per head), added to the output at the end.
-  const size_t kv_elems = static_cast<size_t>(B * Hkv * kv.rows * D);
+  // dK/dV accumulate head-major like K/V (contiguous rows per head), added to the output at the
+  // end; with one K/V head the output is head-major itself and takes them directly.
+  const bool dkv_in_place = Hkv == 1;
+  const size_t kv_elems = dkv_in_place ? 0 : static_cast<size_t>(B * Hkv * kv.rows * D);
   std::vector<float> dk_packed(kv_elems, 0.0f), dv_packed(kv_elems, 0.0f);
+  float* dk_rows = dkv_in_place ? dk : dk_packed.data();
+  float* dv_rows = dkv_in_place ? dv : dv_packed.data();
   const float qscale = dims.scale * kLog2e;
 
   // Query tiles are processed in super-tiles; each thread accumulates the dQ of the blocks it
@@ -544,18 +566,18 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         args.head_dim = D;
         args.scale = dims.scale;
         args.nk = kb.count;
-        args.k = packed.k.data() + krow * D;
+        args.k = packed.k + krow * D;
         if (dot16) {
-          args.k16 = packed.k16.data() + krow * D;
-          args.v16 = packed.v16.data() + krow * D;
+          args.k16 = packed.k16 + krow * D;
+          args.v16 = packed.v16 + krow * D;
           args.score_scale = qscale;
         } else {
-          args.v = packed.v.data() + krow * D;
+          args.v = packed.v + krow * D;
         }
         args.kv_stride = D;
         args.k_pos = kv.pos + kb.row0;
-        args.dk = dk_packed.data() + krow * D;
-        args.dv = dv_packed.data() + krow * D;
+        args.dk = dk_rows + krow * D;
+        args.dv = dv_rows + krow * D;
         args.dkv_stride = D;
         args.tiles = refs.data();
         args.num_tiles = static_cast<int>(refs.size());
@@ -581,9 +603,11 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
       }
     }
 
-    // 4. dK, dV back to the (B, rows, Hkv, D) layout of the caller, added to what it holds.
+    // 4. dK, dV back to the (B, rows, Hkv, D) layout of the caller, added to what it holds
+    // (every thread takes the same branch, as a worksharing loop requires).
+    if (!dkv_in_place)
 #pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
+      for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < kv.rows; ++j)
         for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
           const int64_t dst = ((b * kv.rows + j) * Hkv + kvh) * D;
