@@ -79,7 +79,7 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
         const int64_t kvh = h / group;
         const float* qi = q + ((b * q_rows + i) * H + h) * D;
         const float* doi = dout + ((b * q_rows + i) * H + h) * D;
-        T* dqi = dq + ((b * q_rows + i) * H + h) * D;
+        T* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
         const T di = delta[(b * H + h) * q_rows + i];
         score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
         for (int64_t j = 0; j < k_rows; ++j) {
@@ -90,12 +90,12 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
           T dp = 0;
           for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
           const T ds = p * (dp - di) * scale;
-          T* dkj = dk + ((b * k_rows + j) * Hkv + kvh) * D;
-          T* dvj = dv + ((b * k_rows + j) * Hkv + kvh) * D;
+          T* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
+          T* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
           for (int64_t d = 0; d < D; ++d) {
-            dqi[d] += ds * T(kj[d]);
-            dkj[d] += ds * T(qi[d]);
-            dvj[d] += p * T(doi[d]);
+            if (dqi) dqi[d] += ds * T(kj[d]);
+            if (dkj) dkj[d] += ds * T(qi[d]);
+            if (dvj) dvj[d] += p * T(doi[d]);
           }
           if (magnitude) {
             const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));

@@ -19,8 +19,8 @@ void reference_forward(const AttentionDims& dims, const float* q, const int64_t*
                        double* o, double* lse, double* max_abs_score = nullptr);
 
 // Adds the gradients through the given keys, using the queries' full-softmax LSE and
-// delta = rowsum(dO * O): dq (B, rows_q, H, D), dk and dv (B, rows_k, Hkv, D).
-// When `magnitude` is given, its dq/dk/dv (same shapes, may be null) receive the sums of the
+// delta = rowsum(dO * O): dq (B, rows_q, H, D), dk and dv (B, rows_k, Hkv, D); a null gradient
+// is not computed. When `magnitude` is given, its dq/dk/dv (same shapes, may be null) receive the sums of the
 // absolute values of the terms, with |dP| + |delta| in place of dP - delta: the scale against
 // which rounding errors of any implementation must be judged (a gradient that cancels to ~0
 // still carries the rounding of its terms).
