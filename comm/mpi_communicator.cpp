@@ -134,6 +134,12 @@ void MpiCommunicator::adopt() {
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   if (world_size != size_ || world_ranks != ranks) world_ranks_ = std::move(world_ranks);
+
+  MPI_Comm roll_call_comm = MPI_COMM_NULL;
+  MPI_Request req;
+  check(MPI_Comm_idup(comm_, &roll_call_comm, &req), "MPI_Comm_idup");
+  finish_collective(req, "creating the communicator's roll call (MPI_Comm_idup)");
+  roll_call_ = std::make_unique<RollCall>(roll_call_comm);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -253,8 +259,9 @@ void MpiCommunicator::wait(Request& r, const std::string& what) {
     const std::string message = prefix() + "timed out after " + seconds_text(timeout_s_) + " s waiting for '" + what +
                                 "' " + (t.is_send ? "to reach " : "from ") + describe(t.peer) + " (tag " +
                                 std::to_string(t.tag) + ", " + std::to_string(t.bytes) + " bytes)";
+    const std::string found = roll_call_report();
     forget(it, r);
-    throw CommError(message);
+    throw CommError(found.empty() ? message : message + "; " + found);
   }
   forget(it, r);
 }
@@ -301,6 +308,7 @@ bool MpiCommunicator::block(SecondsLeft seconds_left) {
   const double start = now_seconds();
   double pause = kFirstSleepSeconds;
   for (;;) {
+    if (roll_call_) roll_call_->answer();
     const double now = now_seconds();
     const double left = seconds_left(now);
     if (left <= 0.0) return true;
@@ -328,9 +336,19 @@ void MpiCommunicator::finish_collective(MPI_Request& req, const std::string& wha
     check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     return flag ? 0.0 : kForever;
   });
-  if (!done)
-    throw CommError(prefix() + "timed out after " + seconds_text(timeout_s_) + " s in " + what +
-                    ": some rank of this communicator of " + std::to_string(size_) + " ranks did not join it");
+  if (!done) {
+    const std::string found = roll_call_report();
+    throw CommError(prefix() + "timed out after " + seconds_text(timeout_s_) + " s in " + what + ": " +
+                    (found.empty() ? "some rank of this communicator of " + std::to_string(size_) +
+                                         " ranks did not join it"
+                                   : found));
+  }
+}
+
+std::string MpiCommunicator::roll_call_report() {
+  if (!roll_call_ || size_ == 1) return "";
+  const double grace = roll_call_grace();
+  return roll_call_text(roll_call_->absent(grace), size_, grace, [this](int r) { return describe(r); });
 }
 
 void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {

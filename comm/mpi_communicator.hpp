@@ -17,7 +17,10 @@
 // other runnable process (sched_yield); when the node runs more ranks than cores
 // (oversubscribed), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving its core to a
 // rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
-// the tag and what was awaited. Collectives and creation use the non-blocking MPI calls
+// the tag and what was awaited, and what a roll call found (roll_call.hpp): which ranks of the
+// communicator did not answer within roll_call_grace() (timeout / 5, between 0.1 and 2 s) more,
+// so that a collective, which cannot say who is missing, and a wait on a neighbour that is only
+// waiting itself, both name the rank that stopped or died. Every blocking call answers roll calls. Collectives and creation use the non-blocking MPI calls
 // (MPI_Iallreduce, ..., MPI_Comm_idup) for the same reason; MPI_Comm_split, which has none, is
 // entered only after a bounded barrier has shown that every rank arrived.
 // After a timeout, as after any CommError from test() or wait(), the request is invalid. A receive is cancelled (MPI_Cancel, MPI_Request_free),
@@ -61,6 +64,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/roll_call.hpp"
 
 namespace ringattn::comm {
 
@@ -142,6 +146,9 @@ class MpiCommunicator : public Communicator {
   template <class SecondsLeft>
   bool block(SecondsLeft seconds_left);
   void finish_collective(MPI_Request& req, const std::string& what);
+  // After a timeout: which ranks answer, in words ("" before the roll call exists).
+  std::string roll_call_report();
+  double roll_call_grace() const { return std::clamp(timeout_s_ / 5.0, 0.1, 2.0); }
   void bounded_barrier(const std::string& what);
 
   CommError mpi_error(int mpi_error, const std::string& call) const;
@@ -162,6 +169,7 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
   std::vector<int> counts_, displacements_;  // arguments of the v-collectives
+  std::unique_ptr<RollCall> roll_call_;      // on its own duplicate of comm_
 };
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
