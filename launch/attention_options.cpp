@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string_view>
+#include <tuple>
 
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
@@ -27,7 +28,7 @@ po::options_description describe_attention_options(Options& o) {
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "random inputs: key/value heads, dividing H (0 = H)")
       ("head-dim", po::value(&o.head_dim)->default_value(128)->value_name("D"), "random inputs: head dim")
-      ("seed", po::value(&o.seed)->default_value(0), "seed of random inputs, BigBird masks and --check rows")
+      ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of random inputs, BigBird masks and --check rows")
       ("scale", po::value(&o.scale)->default_value(0.0)->value_name("S"), "softmax scale (0 = 1/sqrt(D))");
   po::options_description outputs("Outputs and backward");
   outputs.add_options()
@@ -139,9 +140,6 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     throw UsageError("--dout and --backward both ask for a backward pass: --dout FILE uses that dO, --backward a random one; give one");
   int64_t B = o.batch, L = o.seq_len, H = o.heads, Hkv = o.kv_heads ? o.kv_heads : o.heads, D = o.head_dim;
   if (job.files) {
-    for (const char* name : {"seq-len", "batch", "heads", "kv-heads", "head-dim"})
-      if (given(vm, name))
-        throw UsageError(std::string("--") + name + " describes random inputs; with --q/--k/--v the shapes come from the files");
     job.q_info = inspect_npy(o.q, "--q");
     job.k_info = inspect_npy(o.k, "--k");
     job.v_info = inspect_npy(o.v, "--v");
@@ -156,6 +154,17 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     if (B < 1 || L < 1 || H < 1 || Hkv < 1 || D < 1)
       throw UsageError("--q " + o.q + " has shape " + shape_text(job.q_info->shape) + " and --k " + o.k + " " +
                        shape_text(job.k_info->shape) + ": every dimension must be positive");
+    // The shapes come from the files; a shape flag may restate them (scripts often do), never differ.
+    const std::tuple<const char*, int64_t, int64_t> from_files[] = {
+        {"batch", o.batch, B}, {"seq-len", o.seq_len, L}, {"heads", o.heads, H},
+        {"kv-heads", o.kv_heads ? o.kv_heads : H, Hkv}, {"head-dim", o.head_dim, D}};
+    for (const auto& [name, flag, value] : from_files) {
+      if (!given(vm, name)) continue;
+      if (flag != value)
+        throw UsageError(std::string("--") + name + " " + std::to_string(flag) + " disagrees with the input files (--q " +
+                         o.q + " " + shape_text(job.q_info->shape) + ", --k " + o.k + " " +
+                         shape_text(job.k_info->shape) + "), which give " + std::to_string(value));
+    }
   } else {
     const std::pair<const char*, int64_t> dims[] = {
         {"batch", B}, {"seq-len", L}, {"heads", H}, {"kv-heads", o.kv_heads}, {"head-dim", D}};

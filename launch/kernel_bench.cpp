@@ -120,17 +120,17 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   po::options_description desc("ringattn bench --kernel options");
   desc.add_options()("help,h", "show this help")
       ("kernel", "benchmark the CPU kernels on one process")
-      ("seq-len", po::value(&L)->default_value(8192), "sequence length (queries and keys)")
-      ("heads", po::value(&H)->default_value(8), "heads (Hkv = H)")
-      ("head-dims", po::value(&head_dims)->default_value("64,128"), "head dims to run")
-      ("dtypes", po::value(&dtypes)->default_value("fp32"), "fp32 and/or bf16, comma-separated")
-      ("threads", po::value(&threads)->default_value(0), "threads (0 = the node's cores shared among its ranks)")
-      ("iters", po::value(&iters)->default_value(3), "timed repetitions (median reported) after one warm-up")
+      ("seq-len", po::value(&L)->default_value(8192)->value_name("L"), "sequence length (queries and keys)")
+      ("heads", po::value(&H)->default_value(8)->value_name("H"), "heads (Hkv = H)")
+      ("head-dims", po::value(&head_dims)->default_value("64,128")->value_name("D1,D2,..."), "head dims to run")
+      ("dtypes", po::value(&dtypes)->default_value("fp32")->value_name("fp32,bf16"), "fp32 and/or bf16, comma-separated")
+      ("threads", po::value(&threads)->default_value(0)->value_name("N"), "threads (0 = the node's cores shared among its ranks)")
+      ("iters", po::value(&iters)->default_value(3)->value_name("N"), "timed repetitions (median reported) after one warm-up")
       ("no-torch", po::bool_switch(&no_torch), "skip the PyTorch comparison")
-      ("json", po::value(&json_path), "write the table as JSON");
+      ("json", po::value(&json_path)->value_name("FILE"), "write the table as JSON");
   std::vector<int64_t> dims;
   std::vector<DType> types;
-  const po::variables_map vm = parse_and_agree(ctx.world, desc, args, "bench");
+  const po::variables_map vm = parse_and_agree(ctx.world, desc, args, "bench --kernel");
   const bool help = vm.count("help") > 0;
   agreed_phase(ctx.world, [&] {
     dims = parse_int_list(head_dims, "--head-dims");

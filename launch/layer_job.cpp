@@ -58,7 +58,7 @@ po::options_description describe(Options& o) {
       ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
       ("weights", po::value(&o.weights)->value_name("DIR"),
        "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout) and lora_{q,k,v,o}_{A,B}.npy "
-       "(a projection without its pair has no LoRA)")
+       "(a projection with neither LoRA file has no adapter; one file without the other is an error)")
       ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "key/value heads, dividing H (0 = H)")
@@ -68,7 +68,7 @@ po::options_description describe(Options& o) {
        "scaling alpha / r, PEFT's lora_alpha (0 = r, scaling 1)")
       ("lora-init", po::bool_switch(&o.lora_init),
        "projections without LoRA files get fresh factors of rank --lora-rank (B = 0, A from --seed)")
-      ("seed", po::value(&o.seed)->default_value(0), "seed of --lora-init, the demo and BigBird masks");
+      ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of --lora-init, the demo and BigBird masks");
   po::options_description outputs("Outputs and backward");
   outputs.add_options()
       ("out", po::value(&o.out)->value_name("FILE.npy"), "write Y (shape of X); after --steps, the trained layer's")

@@ -17,11 +17,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "kernels/attention_cpu.hpp"
 #include "launch/attention_job.hpp"
 #include "launch/bench.hpp"
 #include "launch/context.hpp"
@@ -94,7 +96,6 @@ void install_signal_handlers(int rank, int ranks) {
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sa.sa_mask, sig);  // one handler at a time
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 // Every rank must run the same subcommand: rank 0's is compared on every rank.
@@ -103,12 +104,21 @@ void agree_on_subcommand(ringattn::comm::Communicator& world, const std::string&
     if (auto d = ringattn::differs_from_rank0(world, "subcommand=" + command + "\n"))
       throw ringattn::UsageError("the ranks were started with different subcommands: '" + d->on_rank0 +
                                  "' on rank 0 but '" + d->here + "' on rank " + std::to_string(world.rank()));
+    // RINGATTN_ISA is read once, here: a bad value is bad usage, found before any work.
+    try {
+      ringattn::kernels::cpu_isa();
+    } catch (const std::invalid_argument& e) {
+      throw ringattn::UsageError(e.what());
+    }
   });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI starts: it writes files too (shared-memory segments), and a limit they exceed
+  // should be an error there, not a death by SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   int provided = 0;
   // Compute runs in OpenMP regions; only the main thread calls MPI.
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {

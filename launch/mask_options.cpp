@@ -22,7 +22,7 @@ void add_mask_options(po::options_description& desc, MaskOptions& m) {
       ("mask-block", po::value(&m.mask_block)->default_value(128)->value_name("N"), "block size of block masks")
       ("bigbird", po::value(&m.bigbird)->value_name("GLOBAL,WINDOW,RANDOM"),
        "generated BigBird block mask (blocks of --mask-block, random blocks from --seed)")
-      ("dump-block-mask", po::value(&m.dump_block_mask)->value_name("FILE.npy"), "write the block mask used");
+      ("dump-block-mask", po::value(&m.dump_block_mask)->value_name("FILE.npy"), "write the block mask used (bench --mode weak: the largest point's)");
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, size_t expected) {
@@ -54,6 +54,7 @@ Mask build_mask(const MaskOptions& m, int64_t L, uint64_t seed) {
     // A side longer than the sequence reaches every key, as L does; the kernels' i + RIGHT must not overflow.
     mask.window_left = std::min(w[0], L);
     mask.window_right = std::min(w[1], L);
+    mask.window_origin = std::to_string(w[0]) + "," + std::to_string(w[1]);  // the JSON's mask, as given
   }
   if (!m.doc_lens.empty()) {
     std::vector<int64_t> lens;

@@ -128,7 +128,8 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
   if (f.backend)
     add("backend", po::value(f.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu");
   if (f.comm)
-    add("comm", po::value(f.comm)->value_name("mpi|nccl"), "default: nccl with the cuda backend, else mpi");
+    add("comm", po::value(f.comm)->value_name("mpi|nccl"),
+        "default: nccl with the cuda backend when every rank of a node has its own GPU, else mpi");
   if (f.threads)
     add("threads", po::value(f.threads)->default_value(0)->value_name("N"),
         "CPU threads per rank (0 = the node's cores shared among its ranks)");

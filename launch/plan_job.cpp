@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
@@ -59,24 +60,43 @@ struct ClusterFlags {
   double step_us = -1, message_us = -1, host_gbps = -1, memory_gib = -1;
 };
 
+// "what (default 450)": the default cluster's value, since the flags only override what is given.
+std::string with_default(const char* what, double value) {
+  std::ostringstream text;
+  text << what << " (default " << value << ")";
+  return text.str();
+}
+
 po::options_description describe(PlanOptions& o, ClusterFlags& f) {
+  const ClusterSpec d = default_cluster();
   po::options_description cluster("Cluster (--cluster FILE.json, then these flags over it; default: 8x H100 per node)");
   cluster.add_options()
       ("cluster", po::value(&o.cluster)->value_name("FILE.json"), "cluster description (keys as these flags, see --help)")
-      ("ranks-per-node", po::value(&f.ranks_per_node)->value_name("N"), "GPUs (ranks) per node")
-      ("intra-bandwidth", po::value(&f.intra_gbps)->value_name("GBPS"), "within a node, per rank and direction (GB/s)")
-      ("intra-latency", po::value(&f.intra_us)->value_name("US"), "within a node (microseconds)")
-      ("inter-bandwidth", po::value(&f.inter_gbps)->value_name("GBPS"), "between nodes: a node's total (GB/s)")
-      ("inter-links", po::value(&f.inter_links)->value_name("N"), "NICs per node; one transfer uses one")
-      ("inter-latency", po::value(&f.inter_us)->value_name("US"), "between nodes (microseconds)")
-      ("tflops", po::value(&f.tflops)->value_name("X"), "forward attention kernel per rank (TFLOP/s)")
+      ("ranks-per-node", po::value(&f.ranks_per_node)->value_name("N"),
+       with_default("GPUs (ranks) per node", d.ranks_per_node).c_str())
+      ("intra-bandwidth", po::value(&f.intra_gbps)->value_name("GBPS"),
+       with_default("within a node, per rank and direction (GB/s)", d.intra.gbps).c_str())
+      ("intra-latency", po::value(&f.intra_us)->value_name("US"),
+       with_default("within a node (microseconds)", d.intra.latency_us).c_str())
+      ("inter-bandwidth", po::value(&f.inter_gbps)->value_name("GBPS"),
+       with_default("between nodes: a node's total (GB/s)", d.inter.gbps).c_str())
+      ("inter-links", po::value(&f.inter_links)->value_name("N"),
+       with_default("NICs per node; one transfer uses one", d.inter_links).c_str())
+      ("inter-latency", po::value(&f.inter_us)->value_name("US"),
+       with_default("between nodes (microseconds)", d.inter.latency_us).c_str())
+      ("tflops", po::value(&f.tflops)->value_name("X"),
+       with_default("forward attention kernel per rank (TFLOP/s)", d.forward_gflops / 1e3).c_str())
       ("gflops", po::value(&f.gflops)->value_name("X"), "the same in GFLOP/s (CPUs)")
       ("backward-tflops", po::value(&f.backward_tflops)->value_name("X"), "backward kernel (default: 0.8x forward)")
       ("backward-gflops", po::value(&f.backward_gflops)->value_name("X"), "the same in GFLOP/s")
-      ("step-overhead", po::value(&f.step_us)->value_name("US"), "per kernel call")
-      ("message-overhead", po::value(&f.message_us)->value_name("US"), "per message, not overlapped")
-      ("host-copy-bandwidth", po::value(&f.host_gbps)->value_name("GBPS"), "host copies, not overlapped (0 = free)")
-      ("memory-gib", po::value(&f.memory_gib)->value_name("GIB"), "memory per rank (0 = unknown)");
+      ("step-overhead", po::value(&f.step_us)->value_name("US"),
+       with_default("per kernel call", d.step_overhead_us).c_str())
+      ("message-overhead", po::value(&f.message_us)->value_name("US"),
+       with_default("per message, not overlapped", d.message_overhead_us).c_str())
+      ("host-copy-bandwidth", po::value(&f.host_gbps)->value_name("GBPS"),
+       with_default("host copies, not overlapped (0 = free)", d.host_copy_gbps).c_str())
+      ("memory-gib", po::value(&f.memory_gib)->value_name("GIB"),
+       with_default("memory per rank (0 = unknown)", d.memory_gib).c_str());
   po::options_description work("Workload");
   work.add_options()
       ("ranks", po::value(&o.ranks)->default_value("8,64,512")->value_name("P1,P2,..."), "rank counts to project")
@@ -86,7 +106,7 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("kv-heads", po::value(&o.kv_heads)->default_value(8)->value_name("HKV"), "key/value heads (0 = H)")
       ("head-dim", po::value(&o.head_dim)->default_value(128)->value_name("D"), "head dim")
       ("dtype", po::value(&o.dtype)->default_value("bf16")->value_name("fp32|bf16"), "storage and transfer type")
-      ("seed", po::value(&o.seed)->default_value(0), "seed of BigBird masks")
+      ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of BigBird masks")
       ("layouts", po::value(&o.layouts)->default_value("contiguous,zigzag,striped"), "layouts to compare")
       ("schedules", po::value(&o.schedules)->default_value("direct,ring"), "schedules to compare")
       ("forward-only", po::bool_switch(&o.forward_only), "inference: forward passes only");
@@ -97,7 +117,7 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("calibrate", po::value(&o.calibrate)->value_name("FILE,..."),
        "fit kernel rates, per-call, per-byte and per-message costs to `ringattn bench --json` files")
       ("validate", po::value(&o.validate)->value_name("FILE,..."), "compare with these files (default: the --calibrate ones)")
-      ("tolerance", po::value(&o.tolerance)->default_value(0.15)->value_name("X"), "largest relative error accepted")
+      ("tolerance", po::value(&o.tolerance)->default_value(0.15, "0.15")->value_name("X"), "largest relative error accepted")
       ("check", po::bool_switch(&o.check), "exit 3 when a prediction misses a measured time by more than --tolerance")
       ("machine-link-bandwidth", po::value(&o.machine_bandwidth)->default_value(0.0)->value_name("GBPS"),
        "the machine's own link between ranks, bandwidth (0 = unlimited; default: fitted with the latency)")
@@ -322,6 +342,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     if (w.batch < 1 || w.seq_len < 1 || w.heads < 1 || w.kv_heads < 1 || w.head_dim < 1 || w.heads % w.kv_heads)
       throw UsageError("batch, seq-len, heads, head-dim must be positive and --kv-heads must divide --heads");
     const Mask mask = build_mask(o.mask, w.seq_len, o.seed);
+    dump_block_mask(o.mask, mask);
     std::vector<int> ranks;
     for (int64_t P : parse_int_list(o.ranks, "--ranks")) {
       if (P < 1 || P > w.seq_len) throw UsageError("--ranks: " + std::to_string(P) + " must be between 1 and --seq-len");

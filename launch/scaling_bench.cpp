@@ -57,7 +57,7 @@ po::options_description describe(BenchOptions& o) {
       ("heads", po::value(&o.heads)->default_value(8)->value_name("H"), "query heads")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"), "key/value heads, dividing H (0 = H)")
       ("head-dim", po::value(&o.head_dim)->default_value(128)->value_name("D"), "head dim")
-      ("seed", po::value(&o.seed)->default_value(0), "seed of the inputs, BigBird masks and checked rows");
+      ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of the inputs, BigBird masks and checked rows");
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
@@ -139,7 +139,8 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
       throw UsageError("--seq-len " + std::to_string(b.seq_len(P)) + " is smaller than " + std::to_string(P) + " ranks");
     b.masks.push_back(build_mask(o.mask, b.seq_len(P), o.seed));
   }
-  if (ctx.world.rank() == 0) dump_block_mask(o.mask, b.masks.front());  // the first point's
+  // Strong scaling has one mask; weak scaling one per length, and the largest is the one to inspect.
+  if (ctx.world.rank() == 0) dump_block_mask(o.mask, b.masks.back());
   return b;
 }
 

@@ -42,7 +42,8 @@ std::string Mask::describe() const {
   auto add = [&](const std::string& part) { s += (s.empty() ? "" : "+") + part; };
   if (causal) add("causal");
   if (window_left >= 0 || window_right >= 0)
-    add("window(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")");
+    add("window(" + (window_origin.empty() ? std::to_string(window_left) + "," + std::to_string(window_right)
+                                            : window_origin) + ")");
   if (has_documents()) add("docs(" + std::to_string(doc_offsets_.size() - 1) + ")");
   if (has_block_mask()) add(block_mask_origin + "[" + std::to_string(mask_block_) + "]");
   return s.empty() ? "none" : s;

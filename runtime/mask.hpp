@@ -37,6 +37,9 @@ class Mask {
   std::string describe() const;
   // Human-readable name for the block mask's origin (e.g. "bigbird(2,3,1)"); set by the loader.
   std::string block_mask_origin = "block";
+  // The window as the user gave it ("4096,-1"), for describe(): window_left/right hold it clamped
+  // to the sequence length. Empty: describe() shows window_left/right.
+  std::string window_origin;
 
  private:
   std::vector<int64_t> doc_offsets_;

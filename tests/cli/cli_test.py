@@ -372,6 +372,7 @@ def bad_input_cases(w):
         ("cuda backend without GPU build", small + ["--backend", "cuda"], None, ["--backend cuda"]),
         ("nccl without cuda", small + ["--comm", "nccl"], None, ["--comm nccl"]),
         ("zero iters", small + ["--iters", "0"], None, ["--iters 0"]),
+        ("unknown instruction set", small, {"RINGATTN_ISA": "avx9000"}, ["RINGATTN_ISA=avx9000"]),
         ("negative warmup", small + ["--warmup", "-1"], None, ["--warmup -1"]),
         ("negative threads", small + ["--threads", "-2"], None, ["--threads -2"]),
         ("zero timeout", small + ["--timeout", "0"], None, ["--timeout"]),
@@ -382,7 +383,10 @@ def bad_input_cases(w):
         ("check-finite contradiction", files + ["--check-finite", "--no-check-finite"], None, ["contradict"]),
         # combinations that would be silently ignored
         ("Q without K and V", ["--q", "q.npy"], None, ["--q, --k and --v go together"]),
-        ("shape option with files", files + ["--seq-len", "64"], None, ["--seq-len describes random inputs"]),
+        ("shape option that disagrees with the files", files + ["--seq-len", "32"], None,
+         ["--seq-len 32 disagrees with the input files", "which give 64"]),
+        ("kv-heads that disagrees with the files", files + ["--heads", "4", "--kv-heads", "4"], None,
+         ["--kv-heads 4 disagrees with the input files", "which give 2"]),
         ("dO without files", small + ["--dout", "dout.npy"], None, ["--dout needs --q/--k/--v files"]),
         ("dO and --backward", files + ["--dout", "dout.npy", "--backward"], None, ["--dout and --backward"]),
         ("gradient without backward", small + ["--dq", "dq.npy"], None, ["--dq/--dk/--dv", "need --backward or --dout"]),
@@ -522,6 +526,8 @@ def group_numerics(runner, w, jobs):
         ("float64 input converted, noted once", files("q_f64.npy") + ["--check", "--out", "o_f64.npy"],
          ["o_f64.npy"]),
         ("float16 input converted, noted once", files("q_f16.npy") + ["--check"], []),
+        ("shape options that restate the files", files() + ["--seq-len", "64", "--heads", "4", "--kv-heads", "2",
+                                                             "--head-dim", "16", "--batch", "1", "--check"], []),
     ]
 
     def one(case):
@@ -564,14 +570,16 @@ def group_faults(runner, w, jobs):
         # for the dK/dV that rank 1 owes it.
         r = runner.run(big + ["--backward", "--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:3:STOP"}, limit=60)
         # Rank 0 waits for rank 1's K/V or for the dK/dV it owes: either names rank 1 and step 1.
-        expect_exit(r, 4, ["timed out after 5 s", "of step 1 from rank 1", "backward pass of repetition 1/1"])
+        expect_exit(r, 4, ["timed out after 5 s", "of step 1 from rank 1", "backward pass of repetition 1/1",
+                           "rank 1 did not answer a roll call within 1 s"])
         expect(r.seconds < 25, "ended after %.1f s, not within the 5 s timeout (+ start-up)" % r.seconds, r)
 
     def stopped_rank_forward():
         # Rank 1 stops after its forward's first step: rank 0 finishes the forward pass and waits
-        # in the collective after it.
+        # in the collective after it, which cannot say who is missing: the roll call does.
         r = runner.run(big + ["--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:1:STOP"}, limit=60)
-        expect_exit(r, 4, ["timed out after 5 s", "forward pass of repetition 1/1"])
+        expect_exit(r, 4, ["timed out after 5 s", "forward pass of repetition 1/1",
+                           "rank 1 did not answer a roll call within 1 s"])
         expect(r.seconds < 25, "ended after %.1f s" % r.seconds, r)
 
     def killed_rank():
@@ -655,7 +663,7 @@ def group_faults(runner, w, jobs):
         expect(shape == (1, 4, 4096), "LSE shape %s" % (shape,), r)
 
     case("a rank stopped (SIGSTOP) mid-backward: exit 4 within --timeout, names rank and step", stopped_rank)
-    case("a rank stopped (SIGSTOP) after a forward step: exit 4 within --timeout", stopped_rank_forward)
+    case("a rank stopped (SIGSTOP) after a forward step: exit 4 within --timeout, names the rank", stopped_rank_forward)
     case("a rank killed (SIGKILL) mid-run: the job ends at once", killed_rank)
     case("a rank killed (SIGKILL) while writing: no output, no temporary file", killed_while_writing)
     case("SIGTERM to mpirun while writing: all end, no output, no temporary file",
