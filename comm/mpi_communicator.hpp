@@ -20,9 +20,10 @@
 // the tag and what was awaited, and what a roll call found (roll_call.hpp): which ranks of the
 // communicator did not answer within roll_call_grace() (timeout / 5, between 0.1 and 2 s) more,
 // so that a collective, which cannot say who is missing, and a wait on a neighbour that is only
-// waiting itself, both name the rank that stopped or died. Every blocking call answers roll calls. Collectives and creation use the non-blocking MPI calls
-// (MPI_Iallreduce, ..., MPI_Comm_idup) for the same reason; MPI_Comm_split, which has none, is
-// entered only after a bounded barrier has shown that every rank arrived.
+// waiting itself, both name the rank that stopped or died. Every blocking call answers roll
+// calls. Collectives and creation use the non-blocking MPI calls (MPI_Iallreduce, ...,
+// MPI_Comm_idup) for the same reason; MPI_Comm_split, which has none, is entered only after a
+// bounded barrier has shown that every rank arrived.
 // After a timeout, as after any CommError from test() or wait(), the request is invalid. A receive is cancelled (MPI_Cancel, MPI_Request_free),
 // so a later message with its tag goes to a later receive. A send is let go (MPI_Request_free:
 // Open MPI cannot cancel a rendezvous send) and is still delivered if the peer ever receives it.

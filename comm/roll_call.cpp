@@ -22,7 +22,7 @@ RollCall::RollCall(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  answers_.resize(size_t(size_));
+  answer_rounds_.resize(size_t(size_));
   asked_.assign(size_t(size_), false);
   post_ask_receive();
 }
@@ -70,7 +70,7 @@ void RollCall::answer() {
 
 void RollCall::post_answer_receive(int peer, std::vector<MPI_Request>& answers) {
   // A peer whose receive cannot even be posted (its process is gone) simply never answers.
-  if (MPI_Irecv(&answers_[size_t(peer)], 1, MPI_INT, peer, kAnswerTag, comm_, &answers[size_t(peer)]) != MPI_SUCCESS)
+  if (MPI_Irecv(&answer_rounds_[size_t(peer)], 1, MPI_INT, peer, kAnswerTag, comm_, &answers[size_t(peer)]) != MPI_SUCCESS)
     answers[size_t(peer)] = MPI_REQUEST_NULL;
 }
 
@@ -95,7 +95,7 @@ std::vector<int> RollCall::absent(double grace) {
       int arrived = 0;
       if (MPI_Test(&req, &arrived, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         req = MPI_REQUEST_NULL;  // a failed peer: it stays unanswered
-      } else if (arrived && answers_[size_t(peer)] == round_) {
+      } else if (arrived && answer_rounds_[size_t(peer)] == round_) {
         answered[size_t(peer)] = true;
         --missing;
       } else if (arrived) {

@@ -54,7 +54,7 @@ class RollCall {
   MPI_Request ask_ = MPI_REQUEST_NULL;  // the receive for others' asks, always posted
   int asked_round_ = 0;                 // what that receive takes in: the asker's round
   std::list<Reply> replies_;            // answers sent, not yet known to be delivered
-  std::vector<int> answers_;            // where each peer's answer lands: the round it answers
+  std::vector<int> answer_rounds_;      // where each peer's answer lands: the round it answers
   std::vector<bool> asked_;             // which peers have asked since this rank's last roll call
 };
 

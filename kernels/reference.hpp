@@ -20,10 +20,10 @@ void reference_forward(const AttentionDims& dims, const float* q, const int64_t*
 
 // Adds the gradients through the given keys, using the queries' full-softmax LSE and
 // delta = rowsum(dO * O): dq (B, rows_q, H, D), dk and dv (B, rows_k, Hkv, D); a null gradient
-// is not computed. When `magnitude` is given, its dq/dk/dv (same shapes, may be null) receive the sums of the
-// absolute values of the terms, with |dP| + |delta| in place of dP - delta: the scale against
-// which rounding errors of any implementation must be judged (a gradient that cancels to ~0
-// still carries the rounding of its terms).
+// is not computed. When `magnitude` is given, its dq/dk/dv (same shapes, may be null) receive the
+// sums of the absolute values of the terms, with |dP| + |delta| in place of dP - delta: the
+// scale against which rounding errors of any implementation must be judged (a gradient that
+// cancels to ~0 still carries the rounding of its terms).
 struct GradientMagnitudes {
   double* dq = nullptr;
   double* dk = nullptr;

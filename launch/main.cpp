@@ -43,7 +43,7 @@ int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "layer") return ringattn::run_layer(ctx);
   if (command == "bench") return ringattn::run_bench(ctx);
   if (command == "plan") return ringattn::run_plan(ctx);
-  // Every rank has the same command (agree_on_subcommand): refuse it together, reported once.
+  // Every rank has the same command (agree_to_start): refuse it together, reported once.
   ringattn::agreed_phase(ctx.world, [&] {
     throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
   });
@@ -98,13 +98,14 @@ void install_signal_handlers(int rank, int ranks) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
-// Every rank must run the same subcommand: rank 0's is compared on every rank.
-void agree_on_subcommand(ringattn::comm::Communicator& world, const std::string& command) {
+// Before any work, in one agreed phase: every rank runs rank 0's subcommand, and the environment
+// each rank reads (RINGATTN_ISA) is valid there.
+void agree_to_start(ringattn::comm::Communicator& world, const std::string& command) {
   ringattn::agreed_phase(world, [&] {
     if (auto d = ringattn::differs_from_rank0(world, "subcommand=" + command + "\n"))
       throw ringattn::UsageError("the ranks were started with different subcommands: '" + d->on_rank0 +
                                  "' on rank 0 but '" + d->here + "' on rank " + std::to_string(world.rank()));
-    // RINGATTN_ISA is read once, here: a bad value is bad usage, found before any work.
+    // A bad RINGATTN_ISA is bad usage (exit 2), not a fault met later inside a kernel call.
     try {
       ringattn::kernels::cpu_isa();
     } catch (const std::invalid_argument& e) {
@@ -146,7 +147,7 @@ int main(int argc, char** argv) {
 
   int code = ringattn::kExitOk;
   try {
-    agree_on_subcommand(*world, command);
+    agree_to_start(*world, command);
     code = dispatch(ctx, command);
   } catch (const ringattn::JobFailed& e) {
     code = e.code();  // agreed by every rank and reported once

@@ -22,7 +22,8 @@ void add_mask_options(po::options_description& desc, MaskOptions& m) {
       ("mask-block", po::value(&m.mask_block)->default_value(128)->value_name("N"), "block size of block masks")
       ("bigbird", po::value(&m.bigbird)->value_name("GLOBAL,WINDOW,RANDOM"),
        "generated BigBird block mask (blocks of --mask-block, random blocks from --seed)")
-      ("dump-block-mask", po::value(&m.dump_block_mask)->value_name("FILE.npy"), "write the block mask used (bench --mode weak: the largest point's)");
+      ("dump-block-mask", po::value(&m.dump_block_mask)->value_name("FILE.npy"),
+       "write the block mask used (bench --mode weak: the largest point's)");
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, size_t expected) {
