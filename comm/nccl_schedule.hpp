@@ -1,5 +1,5 @@
 // Where the NCCL communicator puts each rank, and the order in which it sets up its per-pair
-// communicators. Plain functions, unit-tested on the CPU (tests/cuda/test_nccl_schedule.cpp).
+// communicators. Plain functions, unit-tested on the CPU (tests/comm/test_nccl_schedule.cpp).
 #pragma once
 
 #include <stdexcept>

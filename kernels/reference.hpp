@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention_cpu.hpp"
-#include "kernels/mask.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/mask/mask_view.hpp"
 
 namespace ringattn::kernels {
 

@@ -10,21 +10,21 @@
 #include <iostream>
 #include <optional>
 
-#include "kernels/attention_cpu.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "launch/attention_options.hpp"
 #include "launch/execution.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
-#include "launch/npy_outputs.hpp"
+#include "runtime/io/npy_outputs.hpp"
 #include "launch/options_util.hpp"
 #include "launch/test_hook.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
-#include "runtime/cluster_model.hpp"
+#include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
-#include "runtime/npy.hpp"
+#include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
 

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "kernels/cpu/attention_cpu.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
 

@@ -8,12 +8,12 @@
 #include <optional>
 #include <string>
 
-#include "kernels/attention_cpu.hpp"
+#include "kernels/attention.hpp"
 #include "launch/context.hpp"
 #include "launch/execution.hpp"
 #include "launch/mask_options.hpp"
-#include "runtime/mask.hpp"
-#include "runtime/npy.hpp"
+#include "kernels/mask/mask.hpp"
+#include "runtime/io/npy.hpp"
 #include "runtime/ring_plan.hpp"
 #include "runtime/shard_layout.hpp"
 

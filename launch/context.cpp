@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "runtime/errors.hpp"
-#include "runtime/temp_files.hpp"
+#include "runtime/io/temp_files.hpp"
 
 namespace ringattn {
 

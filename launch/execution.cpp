@@ -3,7 +3,7 @@
 #include "runtime/cuda_backend.hpp"
 #include "runtime/errors.hpp"
 #if defined(RINGATTN_WITH_CUDA)
-#include "kernels/attention_cuda.hpp"
+#include "kernels/cuda/attention_cuda.hpp"
 #endif
 #if defined(RINGATTN_WITH_NCCL)
 #include "comm/host_staged_communicator.hpp"

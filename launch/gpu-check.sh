@@ -7,7 +7,7 @@
 #   3. runs the GPU tests (ctest label cuda, without the CPU emulation of the kernels);
 #   4. benchmarks our forward and backward kernels (build/ringattn_gpu_bench, which also checks
 #      sampled rows against fp64) and torch's scaled_dot_product_attention with the flash
-#      backend on the same shapes (launch/bench_torch_sdpa.py);
+#      backend on the same shapes (launch/bench/bench_torch_sdpa.py);
 #   5. prints one table (our TFLOP/s, torch's, the ratio) and writes it as JSON.
 #
 #   launch/gpu-check.sh [RESULT.json]
@@ -82,7 +82,7 @@ fi
 # 1. Configure: the whole project if this machine allows it, else the GPU check build.
 mode=full
 if ! step configure 150 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-     ${nccl_args[@]+"${nccl_args[@]}"} || [ ! -d "$build/tests/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
+     ${nccl_args[@]+"${nccl_args[@]}"} || [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
   mode=check-only
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
   step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
@@ -107,10 +107,10 @@ step tests 200 ctest --test-dir "$build" -L cuda -E emulated --output-on-failure
 # 4. Benchmarks: ours, then torch's on the same shapes.
 bench_args=(--heads 16 --batch 1 --head-dims 64,128 --lengths "$lengths" --causal both --warmup 2 --iters 5)
 step bench 150 "$build/ringattn_gpu_bench" --json "$build/ours.json" "${bench_args[@]}" || status=1
-step torch 150 python3 launch/bench_torch_sdpa.py --json "$build/torch.json" "${bench_args[@]}" || true
+step torch 150 python3 launch/bench/bench_torch_sdpa.py --json "$build/torch.json" "${bench_args[@]}" || true
 
 # 5. One table, as JSON too.
-step report 30 python3 launch/bench_torch_sdpa.py --compare "$build/ours.json" "$build/torch.json" \
+step report 30 python3 launch/bench/bench_torch_sdpa.py --compare "$build/ours.json" "$build/torch.json" \
   --steps "$steps" --out "$result" || true
 echo "# GPU check $([ "$status" = 0 ] && echo passed || echo FAILED): $result"
 exit "$status"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/errors.hpp"
-#include "runtime/temp_files.hpp"
+#include "runtime/io/temp_files.hpp"
 
 namespace ringattn {
 

@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "comm/stopwatch.hpp"
-#include "kernels/attention_cpu.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
 #include "launch/json.hpp"
@@ -17,11 +17,11 @@
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
-#include "runtime/lora_demo.hpp"
-#include "runtime/lora_layer.hpp"
-#include "runtime/lora_training.hpp"
-#include "runtime/lora_weights.hpp"
-#include "runtime/npy.hpp"
+#include "runtime/lora/demo.hpp"
+#include "runtime/lora/layer.hpp"
+#include "runtime/lora/training.hpp"
+#include "runtime/lora/weights.hpp"
+#include "runtime/io/npy.hpp"
 
 namespace po = boost::program_options;
 

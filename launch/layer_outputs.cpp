@@ -4,7 +4,7 @@
 
 #include "launch/job_control.hpp"
 #include "runtime/errors.hpp"
-#include "runtime/lora_weights.hpp"
+#include "runtime/lora/weights.hpp"
 
 namespace ringattn {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "launch/npy_outputs.hpp"
-#include "runtime/lora_layer.hpp"
+#include "runtime/io/npy_outputs.hpp"
+#include "runtime/lora/layer.hpp"
 
 namespace ringattn {
 

@@ -4,7 +4,7 @@
 //
 // Signals. SIGINT, SIGTERM and SIGHUP end the process at once, whatever it is doing (computing,
 // waiting on a peer, writing): the handler removes the temporary output files this rank created
-// (runtime/temp_files.hpp), rank 0 prints one line, and the signal is raised again with its
+// (runtime/io/temp_files.hpp), rank 0 prints one line, and the signal is raised again with its
 // default action, so the process dies of it (a shell sees 128 + signal: 130 for SIGINT, 143 for
 // SIGTERM). mpirun, given SIGINT or SIGTERM, sends SIGTERM to every rank, and it ends the job
 // (signalling every rank) when one dies of a signal, so no process is left; an output never
@@ -23,16 +23,16 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
-#include "kernels/attention_cpu.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "launch/attention_job.hpp"
-#include "launch/bench.hpp"
+#include "launch/bench/bench.hpp"
 #include "launch/context.hpp"
 #include "launch/job_control.hpp"
 #include "launch/layer_job.hpp"
 #include "launch/options_util.hpp"
-#include "launch/plan_job.hpp"
+#include "launch/plan/plan_job.hpp"
 #include "runtime/errors.hpp"
-#include "runtime/temp_files.hpp"
+#include "runtime/io/temp_files.hpp"
 
 namespace {
 

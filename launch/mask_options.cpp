@@ -4,7 +4,7 @@
 #include <charconv>
 
 #include "runtime/errors.hpp"
-#include "runtime/npy.hpp"
+#include "runtime/io/npy.hpp"
 
 namespace po = boost::program_options;
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/mask.hpp"
+#include "kernels/mask/mask.hpp"
 
 namespace ringattn {
 

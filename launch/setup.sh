@@ -11,7 +11,7 @@ packages=(
   libopenblas-dev                         # sgemm for the LoRA projections and the benchmark yardstick
   googletest libgtest-dev                 # the tests
   clang libclang-rt-14-dev                # the libFuzzer target of the .npy reader (tests)
-  python3 python3-matplotlib python3-numpy  # launch/plot_scaling.py and file examples
+  python3 python3-matplotlib python3-numpy  # launch/bench/plot_scaling.py and file examples
 )
 
 missing=()

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "kernels/attention_cpu.hpp"
+#include "kernels/attention.hpp"
 #include "runtime/ring_plan.hpp"
 
 namespace ringattn {
@@ -36,7 +36,7 @@ class AttentionBackend {
                                 const std::vector<RowRange>& ranges) = 0;
   virtual void add(float* dst, const float* src, size_t n) = 0;  // dst += src
 
-  // The kernels, with the semantics of kernels/attention_cpu.hpp; pointers are backend memory,
+  // The kernels, with the semantics of kernels/cpu/attention_cpu.hpp; pointers are backend memory,
   // positions are host arrays. `progress` is called between tiles (may be empty).
   virtual void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
                        const kernels::KeyValueRows& kv, const MaskView& mask, const kernels::AttentionState& state,

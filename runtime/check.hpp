@@ -11,8 +11,8 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "kernels/attention_cpu.hpp"
-#include "runtime/mask.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/mask/mask.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {

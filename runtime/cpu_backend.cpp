@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/attention_cpu.hpp"
 #include "runtime/backend.hpp"
 
 namespace ringattn {

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/attention_cuda.hpp"
-#include "kernels/cuda_elementwise.hpp"
+#include "kernels/cuda/attention_cuda.hpp"
+#include "kernels/cuda/elementwise.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {

@@ -1,5 +1,5 @@
 // The CUDA backend: device memory (cudaMalloc) and the CUDA attention kernels
-// (kernels/attention_cuda.hpp) behind the AttentionBackend interface. Declared in every build;
+// (kernels/cuda/attention_cuda.hpp) behind the AttentionBackend interface. Declared in every build;
 // without CUDA (RINGATTN_WITH_CUDA undefined) cuda_device_available() is false and
 // make_cuda_backend throws RuntimeFault.
 //

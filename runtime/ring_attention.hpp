@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "kernels/attention_cpu.hpp"
+#include "kernels/attention.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/mask.hpp"
+#include "kernels/mask/mask.hpp"
 #include "runtime/ring_plan.hpp"
 #include "runtime/shard_layout.hpp"
 

@@ -166,6 +166,29 @@ RingPlan::RingPlan(const ShardLayout& layout, const MaskView& mask, Schedule sch
   }
 }
 
+int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len) {
+  int64_t pairs = 0;
+  for (const PositionRun& run : queries)
+    for (int64_t t = 0; t < run.count; ++t) {
+      const int64_t i = run.start + t * run.stride;
+      PosRange r = key_range(mask, i);
+      r.lo = std::max<int64_t>(r.lo, 0);
+      r.hi = std::min<int64_t>(r.hi, seq_len - 1);
+      if (r.empty()) continue;
+      if (!mask.has_block_mask()) {
+        pairs += r.hi - r.lo + 1;
+        continue;
+      }
+      const int64_t n = mask.mask_block, br = i / n;
+      for (int64_t k = mask.row_run_ptr[br]; k < mask.row_run_ptr[br + 1]; ++k) {
+        const int64_t lo = std::max(r.lo, int64_t{mask.row_runs[2 * k]} * n);
+        const int64_t hi = std::min(r.hi, int64_t{mask.row_runs[2 * k + 1]} * n - 1);
+        if (lo <= hi) pairs += hi - lo + 1;
+      }
+    }
+  return pairs;
+}
+
 int RingPlan::compute_steps() const {
   int n = 0;
   for (const RingStep& s : steps_) n += s.source >= 0;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/mask.hpp"
+#include "kernels/mask/mask_view.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
@@ -40,6 +40,10 @@ std::vector<PosRange> visible_keys(const MaskView& mask, const std::vector<Posit
 
 // The local rows of a shard whose positions fall inside the (sorted, disjoint) intervals.
 std::vector<RowRange> rows_within(const std::vector<PositionRun>& shard, const std::vector<PosRange>& intervals);
+
+// Number of visible (query, key) pairs for the queries at these positions, keys over [0, seq_len):
+// the work attention must do, and what FLOP counts are made of (SPEC.md "Counting FLOPs").
+int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len);
 
 // What one rank does at one step of the ring.
 struct RingStep {

@@ -1,7 +1,7 @@
-// The generic half of the CPU kernels: which tiles meet which blocks (planned from the mask
-// before any arithmetic), threading, packing, and the choice of instruction set. The
-// arithmetic itself is in attention_tiles.inl, compiled once per ISA.
-#include "kernels/attention_cpu.hpp"
+// The drivers of the CPU kernels: tiles planned from the mask before any arithmetic
+// (tile_schedule), packing, threading and the deterministic dQ/dK/dV reductions. The arithmetic
+// of one tile is in attention_tiles.inl, compiled once per ISA (dispatch.cpp picks one).
+#include "kernels/cpu/attention_cpu.hpp"
 
 #include <omp.h>
 
@@ -14,17 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/dispatch.hpp"
+#include "kernels/cpu/packing.hpp"
 #include "kernels/cpu/tile_args.hpp"
+#include "kernels/cpu/tile_schedule.hpp"
 
 namespace ringattn::kernels {
-namespace cpu {
-#if defined(RINGATTN_X86_ISAS)
-namespace avx512 { TileKernels tile_kernels(); }
-namespace avx512bf16 { TileKernels tile_kernels(); }
-namespace avx2 { TileKernels tile_kernels(); }
-#endif
-namespace scalar { TileKernels tile_kernels(); }
-}  // namespace cpu
 
 namespace {
 
@@ -32,225 +27,19 @@ using cpu::BackwardBlockArgs;
 using cpu::BackwardTileRef;
 using cpu::ForwardTileArgs;
 using cpu::KeyBlockRef;
+using cpu::PackedKeyValues;
+using cpu::PackRequest;
 using cpu::TileKernels;
+using cpu::candidate_key_blocks;
+using cpu::element;
+using cpu::lane_masks;
+using cpu::make_row_blocks;
+using cpu::pack_key_values;
+using cpu::pack_pairs;
+using cpu::pack_transposed;
 
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-TileKernels choose_kernels() {
-  const char* forced = std::getenv("RINGATTN_ISA");
-  const std::string want = forced ? forced : "";
-#if defined(RINGATTN_X86_ISAS)
-  const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  const bool has_avx512bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
-  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (want.empty()) {
-    if (has_avx512bf16) return cpu::avx512bf16::tile_kernels();
-    if (has_avx512) return cpu::avx512::tile_kernels();
-    return has_avx2 ? cpu::avx2::tile_kernels() : cpu::scalar::tile_kernels();
-  }
-  if (want == "avx512bf16" && has_avx512bf16) return cpu::avx512bf16::tile_kernels();
-  if (want == "avx512" && has_avx512) return cpu::avx512::tile_kernels();
-  if (want == "avx2" && has_avx2) return cpu::avx2::tile_kernels();
-#else
-  if (want.empty()) return cpu::scalar::tile_kernels();
-#endif
-  if (want == "scalar") return cpu::scalar::tile_kernels();
-  throw std::invalid_argument("RINGATTN_ISA=" + want +
-                              ": not one of avx512bf16, avx512, avx2, scalar, or not supported by this CPU");
-}
-
-const TileKernels& kernels() {
-  static const TileKernels k = choose_kernels();
-  return k;
-}
-
-// A run of consecutive rows processed together (a query tile or a key block).
-struct RowBlock {
-  int64_t row0;
-  int32_t count;
-  int64_t pmin;
-  int64_t pmax;
-};
-
-// Splits rows (positions strictly increasing) into blocks of at most `block` rows. A block holds
-// an arithmetic progression of positions; contiguous blocks start at multiples of `block`, so
-// that tiles line up with the mask's blocks and with each other across ranks.
-std::vector<RowBlock> make_row_blocks(const int64_t* pos, int64_t rows, int block) {
-  std::vector<RowBlock> out;
-  int64_t j = 0;
-  while (j < rows) {
-    int64_t k = j + 1;
-    int64_t stride = 0;
-    while (k < rows && k - j < block) {
-      const int64_t step = pos[k] - pos[k - 1];
-      if (stride == 0) stride = step;
-      else if (step != stride) break;
-      if (stride == 1 && pos[k] % block == 0) break;
-      ++k;
-    }
-    out.push_back(RowBlock{j, static_cast<int32_t>(k - j), pos[j], pos[k - 1]});
-    j = k;
-  }
-  return out;
-}
-
-// Indices of the blocks whose positions meet [lo, hi].
-std::pair<size_t, size_t> blocks_meeting(const std::vector<RowBlock>& blocks, int64_t lo, int64_t hi) {
-  auto first = std::partition_point(blocks.begin(), blocks.end(), [&](const RowBlock& b) { return b.pmax < lo; });
-  auto last = std::partition_point(first, blocks.end(), [&](const RowBlock& b) { return b.pmin <= hi; });
-  return {static_cast<size_t>(first - blocks.begin()), static_cast<size_t>(last - blocks.begin())};
-}
-
-// Key blocks that queries with positions in [qmin, qmax] may see: those meeting the union of the
-// queries' key ranges, and, with a block-mask index, only those under nonzero mask blocks of the
-// queries' mask rows. Ascending, without duplicates. Classification happens afterwards.
-void candidate_key_blocks(const MaskView& m, PosRange span, int64_t qmin, int64_t qmax,
-                          const std::vector<RowBlock>& kblocks, std::vector<std::pair<size_t, size_t>>& ranges,
-                          std::vector<int32_t>& out) {
-  out.clear();
-  if (span.empty()) return;
-  ranges.clear();
-  if (m.has_block_mask() && m.row_run_ptr) {
-    const int64_t n = m.mask_block;
-    for (int64_t br = qmin / n; br <= qmax / n; ++br) {
-      for (int64_t r = m.row_run_ptr[br]; r < m.row_run_ptr[br + 1]; ++r) {
-        const int64_t a = std::max(span.lo, int64_t{m.row_runs[2 * r]} * n);
-        const int64_t b = std::min(span.hi, int64_t{m.row_runs[2 * r + 1]} * n - 1);
-        if (a > b) continue;
-        auto range = blocks_meeting(kblocks, a, b);
-        if (range.first < range.second) ranges.push_back(range);
-      }
-    }
-    std::sort(ranges.begin(), ranges.end());
-  } else {
-    auto range = blocks_meeting(kblocks, span.lo, span.hi);
-    if (range.first < range.second) ranges.push_back(range);
-  }
-  size_t next = 0;
-  for (const auto& [first, last] : ranges) {
-    for (size_t kb = std::max(first, next); kb < last; ++kb) out.push_back(static_cast<int32_t>(kb));
-    next = std::max(next, last);
-  }
-}
-
-TileKind classify(const MaskView& m, const int64_t* qpos, const RowBlock& qt, const RowBlock& kb) {
-  const PosRange first = key_range(m, qpos[qt.row0]);
-  const PosRange last = key_range(m, qpos[qt.row0 + qt.count - 1]);
-  const TileKind by_interval = classify_intervals(first, last, kb.pmin, kb.pmax);
-  if (by_interval == TileKind::empty) return by_interval;
-  return combine(by_interval, classify_block_mask(m, qt.pmin, qt.pmax, kb.pmin, kb.pmax));
-}
-
-// Per-lane key ranges (and mask rows) of a query tile; padded lanes see nothing.
-void lane_masks(const MaskView& m, const int64_t* qpos, const RowBlock& qt, int lanes, int64_t* lo, int64_t* hi,
-                int64_t* brow) {
-  for (int i = 0; i < lanes; ++i) {
-    if (i < qt.count) {
-      const int64_t p = qpos[qt.row0 + i];
-      const PosRange r = key_range(m, p);
-      lo[i] = r.lo;
-      hi[i] = r.hi;
-      brow[i] = m.has_block_mask() ? p / m.mask_block : 0;
-    } else {
-      lo[i] = kFarAway;
-      hi[i] = -1;
-      brow[i] = 0;
-    }
-  }
-}
-
-inline float element(const void* base, DType dtype, int64_t index) {
-  return dtype == DType::f32 ? static_cast<const float*>(base)[index]
-                             : bf16_to_float(static_cast<const bf16_bits*>(base)[index]);
-}
-
-// dst[d][i] = scale * src row (row0 + i), head h; lanes past nq are zero.
-void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim,
-                     int lanes, float scale, float* dst) {
-  for (int i = 0; i < nq; ++i) {
-    const int64_t base = first + i * row_stride;
-    for (int d = 0; d < head_dim; ++d) dst[d * lanes + i] = scale * element(src, dtype, base + d);
-  }
-  for (int d = 0; d < head_dim; ++d)
-    for (int i = nq; i < lanes; ++i) dst[d * lanes + i] = 0.0f;
-}
-
-// K and V of one call in head-major order [b][kv head][row][d]: fp32 for the fp32 arithmetic,
-// and (bf16 inputs on an ISA with a bf16 dot product) bf16 for the products that take bf16
-// pairs. Packing once per call costs O(rows) next to O(rows_q * rows) of arithmetic, and keeps
-// each head's rows contiguous: in the (B, rows, Hkv, D) input, consecutive rows of one head are
-// Hkv*D elements apart, often a whole page, and streaming a block of them thrashes the TLB
-// (measured: 2.5x slower at Hkv = 8).
-struct PackedKeyValues {
-  // Head-major rows: the caller's arrays themselves when their layout already is head-major
-  // (a single K/V head, as in MQA) and their type is the one asked for; else copies.
-  const float* k = nullptr;
-  const float* v = nullptr;
-  const bf16_bits* k16 = nullptr;
-  const bf16_bits* v16 = nullptr;
-  std::vector<float> k_copy, v_copy;
-  std::vector<bf16_bits> k16_copy, v16_copy;
-  int64_t rows = 0, head_dim = 0;
-  int64_t offset(int64_t b, int64_t kvh, int64_t kv_heads) const { return ((b * kv_heads + kvh) * rows) * head_dim; }
-};
-
-struct PackRequest {
-  bool k32 = false, v32 = false, k16 = false, v16 = false;
-};
-
-PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads) {
-  const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, rows = kv.rows;
-  PackedKeyValues out;
-  out.rows = rows;
-  out.head_dim = D;
-  // With one K/V head, (B, rows, 1, D) is head-major already: no copy in the input's own type.
-  const bool in_place = Hkv == 1;
-  const bool f32_in = kv.dtype == DType::f32, bf16_in = kv.dtype == DType::bf16;
-  if (in_place && f32_in) {
-    if (want.k32) out.k = static_cast<const float*>(kv.k), want.k32 = false;
-    if (want.v32) out.v = static_cast<const float*>(kv.v), want.v32 = false;
-  }
-  if (in_place && bf16_in) {
-    if (want.k16) out.k16 = static_cast<const bf16_bits*>(kv.k), want.k16 = false;
-    if (want.v16) out.v16 = static_cast<const bf16_bits*>(kv.v), want.v16 = false;
-  }
-  const size_t n = static_cast<size_t>(B * Hkv * rows * D);
-  if (want.k32) out.k_copy.resize(n), out.k = out.k_copy.data();
-  if (want.v32) out.v_copy.resize(n), out.v = out.v_copy.data();
-  if (want.k16) out.k16_copy.resize(n), out.k16 = out.k16_copy.data();
-  if (want.v16) out.v16_copy.resize(n), out.v16 = out.v16_copy.data();
-  if (!(want.k32 || want.v32 || want.k16 || want.v16)) return out;
-  const auto* k16_in = static_cast<const bf16_bits*>(kv.k);
-  const auto* v16_in = static_cast<const bf16_bits*>(kv.v);
-#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-        const int64_t src = ((b * rows + j) * Hkv + kvh) * D;
-        const int64_t dst = ((b * Hkv + kvh) * rows + j) * D;
-        if (want.k32)
-          for (int64_t d = 0; d < D; ++d) out.k_copy[dst + d] = element(kv.k, kv.dtype, src + d);
-        if (want.v32)
-          for (int64_t d = 0; d < D; ++d) out.v_copy[dst + d] = element(kv.v, kv.dtype, src + d);
-        if (want.k16) std::copy_n(k16_in + src, D, out.k16_copy.data() + dst);
-        if (want.v16) std::copy_n(v16_in + src, D, out.v16_copy.data() + dst);
-      }
-  return out;
-}
-
-// dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
-void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst) {
-  const auto* in = static_cast<const bf16_bits*>(src);
-  for (int i = 0; i < nq; ++i) {
-    const bf16_bits* row = in + first + i * row_stride;
-    for (int p = 0; p < head_dim / 2; ++p)
-      dst[p * lanes + i] = uint32_t{row[2 * p]} | (uint32_t{row[2 * p + 1]} << 16);
-  }
-  for (int p = 0; p < head_dim / 2; ++p)
-    for (int i = nq; i < lanes; ++i) dst[p * lanes + i] = 0;
-}
 
 int thread_count(const CpuOptions& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
@@ -266,54 +55,16 @@ void check_dims(const AttentionDims& dims) {
 
 }  // namespace
 
-const char* cpu_isa() { return kernels().name; }
-int cpu_query_tile() { return kernels().query_tile; }
-int cpu_key_block() { return kernels().key_block; }
-double measure_fma_peak_gflops(int threads, double seconds) {
-  const TileKernels& tk = kernels();
-  // Calibrate the iteration count on one thread, then run every thread at once.
-  int64_t iters = 1 << 16;
-  double elapsed = 0.0;
-  float sink = 0.0f;
-  for (;;) {
-    const double t0 = omp_get_wtime();
-    sink += tk.fma_loop(iters, 1.0f);
-    elapsed = omp_get_wtime() - t0;
-    if (elapsed > seconds / 4 || iters > (int64_t{1} << 40)) break;
-    iters *= 4;
-  }
-  double best = 0.0;
-  for (int rep = 0; rep < 3; ++rep) {
-    double t0 = 0.0, t1 = 0.0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-#pragma omp barrier
-#pragma omp single
-      t0 = omp_get_wtime();
-      sink += tk.fma_loop(iters, float(omp_get_thread_num()));
-#pragma omp barrier
-#pragma omp single
-      t1 = omp_get_wtime();
-    }
-    best = std::max(best, double(iters) * tk.fma_flops_per_iter * threads / (t1 - t0) / 1e9);
-  }
-  volatile float observed = sink;  // keeps the loops from being optimised away
-  (void)observed;
-  return best;
-}
-
-bool cpu_supports_head_dim(int64_t head_dim) { return head_dim > 0 && head_dim <= 512 && head_dim % 16 == 0; }
-
 void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const MaskView& mask,
                        const AttentionState& state, const CpuOptions& options) {
   check_dims(dims);
   if (q.rows == 0 || kv.rows == 0) return;
-  const TileKernels& tk = kernels();
+  const TileKernels& tk = cpu::selected_tile_kernels();
   const int lanes = tk.query_tile;
   const int D = static_cast<int>(dims.head_dim);
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, group = H / Hkv;
-  const std::vector<RowBlock> qtiles = make_row_blocks(q.pos, q.rows, lanes);
-  const std::vector<RowBlock> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
+  const std::vector<RowSpan> qtiles = make_row_blocks(q.pos, q.rows, lanes);
+  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
   const int threads = thread_count(options);
   // bf16 inputs on an ISA with a bf16 dot product: scores from bf16 pairs, the rest in fp32.
   const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
@@ -340,14 +91,14 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       const int64_t ntiles = static_cast<int64_t>(qtiles.size());
       const int64_t b = item / (H * ntiles);
       const int64_t h = (item / ntiles) % H;
-      const RowBlock& tile = qtiles[static_cast<size_t>(item % ntiles)];
+      const RowSpan& tile = qtiles[static_cast<size_t>(item % ntiles)];
       const PosRange first = key_range(mask, q.pos[tile.row0]);
       const PosRange last = key_range(mask, q.pos[tile.row0 + tile.count - 1]);
       candidate_key_blocks(mask, PosRange{first.lo, last.hi}, tile.pmin, tile.pmax, kblocks, ranges, candidates);
       refs.clear();
       for (int32_t kb : candidates) {
-        const TileKind kind = classify(mask, q.pos, tile, kblocks[kb]);
-        if (kind != TileKind::empty) refs.push_back(KeyBlockRef{kblocks[kb].row0, kblocks[kb].count, kind});
+        const TileKind kind = classify_tile(mask, tile, kblocks[kb]);
+        if (kind != TileKind::empty) refs.push_back(KeyBlockRef{kblocks[kb].row0, static_cast<int32_t>(kblocks[kb].count), kind});
       }
       if (refs.empty()) continue;  // these queries see none of these keys: state unchanged
       lane_masks(mask, q.pos, tile, lanes, lane_data.data(), lane_data.data() + lanes, lane_data.data() + 2 * lanes);
@@ -419,12 +170,12 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
                         const CpuOptions& options) {
   check_dims(dims);
   if (q.rows == 0 || kv.rows == 0) return;
-  const TileKernels& tk = kernels();
+  const TileKernels& tk = cpu::selected_tile_kernels();
   const int lanes = tk.query_tile;
   const int D = static_cast<int>(dims.head_dim);
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, group = H / Hkv;
-  const std::vector<RowBlock> qtiles = make_row_blocks(q.pos, q.rows, lanes);
-  const std::vector<RowBlock> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
+  const std::vector<RowSpan> qtiles = make_row_blocks(q.pos, q.rows, lanes);
+  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
   const int threads = thread_count(options);
   // bf16 inputs on an ISA with a bf16 dot product: S = Q K^T and dP = dO V^T from bf16 pairs;
   // dV, dK and dQ (products with P and dS) in fp32.
@@ -478,7 +229,7 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < nt * B * H; ++s) {
         const int64_t tl = s / (B * H), b = (s / H) % B, h = s % H;
-        const RowBlock& tile = qtiles[static_cast<size_t>(t0 + tl)];
+        const RowSpan& tile = qtiles[static_cast<size_t>(t0 + tl)];
         const int64_t qrow = (b * q.rows + tile.row0) * H + h;
         if (dot16) {
           pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, &qt_pairs_all[s * slot_pairs]);
@@ -509,8 +260,8 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
       }
 #pragma omp single
       {
-        const RowBlock& first_tile = qtiles[static_cast<size_t>(t0)];
-        const RowBlock& last_tile = qtiles[static_cast<size_t>(t0 + nt - 1)];
+        const RowSpan& first_tile = qtiles[static_cast<size_t>(t0)];
+        const RowSpan& last_tile = qtiles[static_cast<size_t>(t0 + nt - 1)];
         const PosRange span{key_range(mask, q.pos[first_tile.row0]).lo,
                             key_range(mask, q.pos[last_tile.row0 + last_tile.count - 1]).hi};
         candidate_key_blocks(mask, span, first_tile.pmin, last_tile.pmax, kblocks, ranges, item_blocks);
@@ -522,12 +273,12 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
 #pragma omp for schedule(static, 1)
       for (int64_t item = 0; item < nitems; ++item) {
         if (tid == 0 && options.progress) options.progress();
-        const RowBlock& kb = kblocks[static_cast<size_t>(item_blocks[static_cast<size_t>(item / (B * Hkv))])];
+        const RowSpan& kb = kblocks[static_cast<size_t>(item_blocks[static_cast<size_t>(item / (B * Hkv))])];
         const int64_t b = (item / Hkv) % B, kvh = item % Hkv;
         refs.clear();
         for (int64_t tl = 0; tl < nt; ++tl) {
-          const RowBlock& tile = qtiles[static_cast<size_t>(t0 + tl)];
-          const TileKind kind = classify(mask, q.pos, tile, kb);
+          const RowSpan& tile = qtiles[static_cast<size_t>(t0 + tl)];
+          const TileKind kind = classify_tile(mask, tile, kb);
           if (kind == TileKind::empty) continue;
           const int64_t* ld = &lane_data[3 * tl * lanes];
           for (int64_t g = 0; g < group; ++g) {
@@ -592,7 +343,7 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
 #pragma omp for schedule(static)
       for (int64_t s = 0; s < nt * B * H; ++s) {
         const int64_t tl = s / (B * H), b = (s / H) % B, h = s % H;
-        const RowBlock& tile = qtiles[static_cast<size_t>(t0 + tl)];
+        const RowSpan& tile = qtiles[static_cast<size_t>(t0 + tl)];
         float* out = dq + ((b * q.rows + tile.row0) * H + h) * D;
         for (int th = 0; th < threads; ++th) {
           if (!touched[static_cast<size_t>(th)][s]) continue;

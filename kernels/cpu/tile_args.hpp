@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/mask.hpp"
+#include "kernels/mask/mask_view.hpp"
 #include "kernels/types.hpp"
 
 namespace ringattn::kernels::cpu {

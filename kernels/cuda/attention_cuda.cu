@@ -1,10 +1,10 @@
-// The public entry points of kernels/attention_cuda.hpp: argument checks, the choice between the
+// The public entry points of kernels/cuda/attention_cuda.hpp: argument checks, the choice between the
 // tensor-core and the simple kernels, and the small kernels (merge of states, delta).
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "kernels/attention_cuda.hpp"
+#include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/params.cuh"
 

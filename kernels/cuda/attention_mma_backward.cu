@@ -19,7 +19,7 @@
 #include "kernels/cuda/params.cuh"
 #include "kernels/cuda/row_statistics.cuh"
 #include "kernels/cuda/tile_pipeline.cuh"
-#include "kernels/cuda/tile_plan.hpp"
+#include "kernels/mask/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
 namespace {

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/attention_cuda.hpp"
+#include "kernels/cuda/attention_cuda.hpp"
 
 namespace ringattn::kernels::gpu {
 

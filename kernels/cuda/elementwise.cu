@@ -1,6 +1,6 @@
-// Elementwise fp32 kernels (kernels/cuda_elementwise.hpp): grid-stride loops.
+// Elementwise fp32 kernels (kernels/cuda/elementwise.hpp): grid-stride loops.
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda_elementwise.hpp"
+#include "kernels/cuda/elementwise.hpp"
 
 namespace ringattn::kernels {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention_cuda.hpp"
-#include "kernels/mask.hpp"
+#include "kernels/cuda/attention_cuda.hpp"
+#include "kernels/mask/mask_view.hpp"
 
 namespace ringattn::kernels::gpu {
 

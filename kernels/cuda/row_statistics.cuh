@@ -5,7 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/params.cuh"
-#include "kernels/cuda/tile_plan.hpp"
+#include "kernels/mask/tile_plan.hpp"
 
 namespace ringattn::kernels::gpu {
 

@@ -48,4 +48,4 @@ for n in $node_counts; do
 done
 [ ${#files[@]} -gt 0 ] || { echo "mpirun_sweep.sh: nothing ran" >&2; exit 2; }
 python3 "$here/merge_bench.py" "${files[@]}" -o "$out/bench_sweep.json"
-python3 "$root/launch/plot_scaling.py" "$out/bench_sweep.json" -o "$out/scaling.png" || true
+python3 "$root/launch/bench/plot_scaling.py" "$out/bench_sweep.json" -o "$out/scaling.png" || true

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/stopwatch.hpp"
-#include "mpi_test_util.hpp"
+#include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {
 namespace {

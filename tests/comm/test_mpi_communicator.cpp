@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "comm/stopwatch.hpp"
-#include "mpi_test_util.hpp"
+#include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "runtime/errors.hpp"
-#include "runtime/npy.hpp"
+#include "runtime/io/npy.hpp"
 
 using namespace ringattn;
 

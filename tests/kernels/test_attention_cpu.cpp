@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/attention_oracle.hpp"
-#include "kernels/attention_cpu.hpp"
+#include "tests/support/attention_oracle.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/reference.hpp"
 
 namespace ringattn::testing {

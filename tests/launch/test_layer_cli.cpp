@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "../runtime/lora_reference.hpp"
-#include "../test_util.hpp"
-#include "runtime/lora_projection.hpp"
-#include "runtime/lora_weights.hpp"
-#include "runtime/npy.hpp"
+#include "tests/runtime/lora/lora_reference.hpp"
+#include "tests/support/test_util.hpp"
+#include "runtime/lora/projection.hpp"
+#include "runtime/lora/weights.hpp"
+#include "runtime/io/npy.hpp"
 
 namespace ringattn::testing {
 namespace {

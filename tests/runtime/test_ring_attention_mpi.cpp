@@ -15,8 +15,8 @@
 #include "runtime/backend.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
-#include "../test_util.hpp"
-#include "tests/mask_variants.hpp"
+#include "tests/support/test_util.hpp"
+#include "tests/support/mask_variants.hpp"
 
 namespace ringattn::testing {
 namespace {

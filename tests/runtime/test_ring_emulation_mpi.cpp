@@ -9,7 +9,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/cluster_model.hpp"
+#include "launch/plan/cluster_model.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
 

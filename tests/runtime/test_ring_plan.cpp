@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "runtime/mask.hpp"
+#include "kernels/mask/mask.hpp"
 #include "runtime/ring_plan.hpp"
 #include "runtime/shard_layout.hpp"
 

@@ -1,0 +1,55 @@
+// Blockwise exact attention on the CPU (FlashAttention-2), as partial states that merge: the
+// CPU implementation of kernels/attention.hpp. The arithmetic of one tile is in
+// attention_tiles.inl, compiled once per instruction set and chosen at run time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/attention.hpp"
+#include "kernels/mask/mask_view.hpp"
+
+namespace ringattn::kernels {
+
+struct CpuOptions {
+  int threads = 1;
+  // Called now and then from the calling thread while the kernel runs, so a communicator can
+  // drive transfers that overlap the compute. May be empty.
+  std::function<void()> progress;
+};
+
+// The instruction set the CPU kernels run with: "avx512", "avx2" or "scalar". Chosen once from
+// the CPU's features; RINGATTN_ISA=avx2|scalar forces a narrower one (tests use this).
+const char* cpu_isa();
+// Rows per query tile and per key block of the selected ISA.
+int cpu_query_tile();
+int cpu_key_block();
+
+// Peak fp32 FMA rate of this machine with the selected ISA, measured now on `threads` threads
+// (independent FMA chains; GFLOP/s, 2 FLOPs per lane per FMA). The yardstick of the benchmark.
+double measure_fma_peak_gflops(int threads, double seconds = 0.3);
+
+// Head dims the CPU kernels support: multiples of 16 up to 512.
+bool cpu_supports_head_dim(int64_t head_dim);
+
+// Attends the queries to the keys/values and merges the result into `state` (which holds the
+// queries' result over other keys, or is empty). Blocks the mask hides entirely are skipped.
+void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const MaskView& mask,
+                       const AttentionState& state, const CpuOptions& options);
+
+// dst <- merge(dst, src): the state over the union of both key sets. Commutative up to fp32 rounding.
+void merge_states(const AttentionDims& dims, int64_t rows, const AttentionState& dst, const float* src_o,
+                  const float* src_lse);
+
+// delta = rowsum(dO * O), (B, H, rows): the softmax-gradient term every backward block needs.
+void attention_delta(const AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dout_dtype,
+                     float* delta);
+
+// Gradients of the queries' loss through the keys/values `kv` (FA2 recomputation from LSE):
+// dq += dL/dQ restricted to these keys, dk += dL/dK, dv += dL/dV (all fp32, accumulated).
+// `dout` has the layout and dtype of `q.data`. Results are deterministic for a given thread count.
+void attention_backward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const void* dout,
+                        const float* lse, const float* delta, float* dq, float* dk, float* dv, const MaskView& mask,
+                        const CpuOptions& options);
+
+}  // namespace ringattn::kernels

@@ -1,0 +1,100 @@
+// The choice of instruction set for the CPU kernels (once, from the CPU's features or
+// RINGATTN_ISA), and the FMA-peak probe the kernel benchmark measures against.
+#include "kernels/cpu/dispatch.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/attention_cpu.hpp"
+
+namespace ringattn::kernels {
+namespace cpu {
+#if defined(RINGATTN_X86_ISAS)
+namespace avx512 { TileKernels tile_kernels(); }
+namespace avx512bf16 { TileKernels tile_kernels(); }
+namespace avx2 { TileKernels tile_kernels(); }
+#endif
+namespace scalar { TileKernels tile_kernels(); }
+}  // namespace cpu
+
+namespace {
+
+using cpu::TileKernels;
+
+TileKernels choose_kernels() {
+  const char* forced = std::getenv("RINGATTN_ISA");
+  const std::string want = forced ? forced : "";
+#if defined(RINGATTN_X86_ISAS)
+  const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool has_avx512bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (want.empty()) {
+    if (has_avx512bf16) return cpu::avx512bf16::tile_kernels();
+    if (has_avx512) return cpu::avx512::tile_kernels();
+    return has_avx2 ? cpu::avx2::tile_kernels() : cpu::scalar::tile_kernels();
+  }
+  if (want == "avx512bf16" && has_avx512bf16) return cpu::avx512bf16::tile_kernels();
+  if (want == "avx512" && has_avx512) return cpu::avx512::tile_kernels();
+  if (want == "avx2" && has_avx2) return cpu::avx2::tile_kernels();
+#else
+  if (want.empty()) return cpu::scalar::tile_kernels();
+#endif
+  if (want == "scalar") return cpu::scalar::tile_kernels();
+  throw std::invalid_argument("RINGATTN_ISA=" + want +
+                              ": not one of avx512bf16, avx512, avx2, scalar, or not supported by this CPU");
+}
+
+}  // namespace
+
+namespace cpu {
+const TileKernels& selected_tile_kernels() {
+  static const TileKernels k = choose_kernels();
+  return k;
+}
+}  // namespace cpu
+
+const char* cpu_isa() { return cpu::selected_tile_kernels().name; }
+int cpu_query_tile() { return cpu::selected_tile_kernels().query_tile; }
+int cpu_key_block() { return cpu::selected_tile_kernels().key_block; }
+double measure_fma_peak_gflops(int threads, double seconds) {
+  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
+  // Calibrate the iteration count on one thread, then run every thread at once.
+  int64_t iters = 1 << 16;
+  double elapsed = 0.0;
+  float sink = 0.0f;
+  for (;;) {
+    const double t0 = omp_get_wtime();
+    sink += tk.fma_loop(iters, 1.0f);
+    elapsed = omp_get_wtime() - t0;
+    if (elapsed > seconds / 4 || iters > (int64_t{1} << 40)) break;
+    iters *= 4;
+  }
+  double best = 0.0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double t0 = 0.0, t1 = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+#pragma omp barrier
+#pragma omp single
+      t0 = omp_get_wtime();
+      sink += tk.fma_loop(iters, float(omp_get_thread_num()));
+#pragma omp barrier
+#pragma omp single
+      t1 = omp_get_wtime();
+    }
+    best = std::max(best, double(iters) * tk.fma_flops_per_iter * threads / (t1 - t0) / 1e9);
+  }
+  volatile float observed = sink;  // keeps the loops from being optimised away
+  (void)observed;
+  return best;
+}
+
+bool cpu_supports_head_dim(int64_t head_dim) { return head_dim > 0 && head_dim <= 512 && head_dim % 16 == 0; }
+
+}  // namespace ringattn::kernels

@@ -1,0 +1,49 @@
+// Packing a call's rows into the layouts the tile functions read: query tiles transposed (fp32
+// or bf16 pairs), and K/V head-major.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention.hpp"
+
+namespace ringattn::kernels::cpu {
+
+inline float element(const void* base, DType dtype, int64_t index) {
+  return dtype == DType::f32 ? static_cast<const float*>(base)[index]
+                             : bf16_to_float(static_cast<const bf16_bits*>(base)[index]);
+}
+
+// dst[d][i] = scale * src row (row0 + i), head h; lanes past nq are zero.
+void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim,
+                     int lanes, float scale, float* dst);
+
+// K and V of one call in head-major order [b][kv head][row][d]: fp32 for the fp32 arithmetic,
+// and (bf16 inputs on an ISA with a bf16 dot product) bf16 for the products that take bf16
+// pairs. Packing once per call costs O(rows) next to O(rows_q * rows) of arithmetic, and keeps
+// each head's rows contiguous: in the (B, rows, Hkv, D) input, consecutive rows of one head are
+// Hkv*D elements apart, often a whole page, and streaming a block of them thrashes the TLB
+// (measured: 2.5x slower at Hkv = 8).
+struct PackedKeyValues {
+  // Head-major rows: the caller's arrays themselves when their layout already is head-major
+  // (a single K/V head, as in MQA) and their type is the one asked for; else copies.
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const bf16_bits* k16 = nullptr;
+  const bf16_bits* v16 = nullptr;
+  std::vector<float> k_copy, v_copy;
+  std::vector<bf16_bits> k16_copy, v16_copy;
+  int64_t rows = 0, head_dim = 0;
+  int64_t offset(int64_t b, int64_t kvh, int64_t kv_heads) const { return ((b * kv_heads + kvh) * rows) * head_dim; }
+};
+
+struct PackRequest {
+  bool k32 = false, v32 = false, k16 = false, v16 = false;
+};
+
+PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads);
+
+// dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
+void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst);
+
+}  // namespace ringattn::kernels::cpu

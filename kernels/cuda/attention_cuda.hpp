@@ -1,0 +1,92 @@
+// Blockwise exact attention on an NVIDIA GPU: the semantics of kernels/attention.hpp (same
+// layouts, same partial states, same masks), with every pointer in device memory (positions
+// and the MaskView's arrays too) and work queued on a CUDA stream. Built only when
+// RINGATTN_HAVE_CUDA; compiled for sm_80 and newer.
+//
+// Two implementations behind one call:
+//  - tensor cores (mma.sync m16n8k16, bf16 or fp16 inputs, head dims 64 and 128): FlashAttention-2
+//    tiles, P and dS rounded to the input type for their products, fp32 accumulation;
+//  - "simple" CUDA-core fp32 kernels for every other case (fp32 inputs, other head dims up to 256),
+//    also selectable for any input as a cross-check (CudaOptions::kernel, RINGATTN_CUDA_KERNEL=simple).
+// Both skip key blocks the mask hides before any arithmetic (kernels/mask/tile_plan.hpp) and
+// apply the element mask on partial blocks only. The backward pass is deterministic: dQ comes
+// from one kernel over query tiles, dK/dV from another over key blocks, no atomics.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention.hpp"
+#include "kernels/mask/mask_view.hpp"
+
+namespace ringattn::kernels {
+
+// Element types of Q, K, V and dO on the GPU (DType plus fp16). Accumulation is always fp32.
+enum class ElementType : uint8_t { f32, bf16, f16 };
+
+inline ElementType element_type(DType t) { return t == DType::f32 ? ElementType::f32 : ElementType::bf16; }
+inline int64_t element_bytes(ElementType t) { return t == ElementType::f32 ? 4 : 2; }
+inline const char* element_name(ElementType t) {
+  return t == ElementType::f32 ? "fp32" : t == ElementType::bf16 ? "bf16" : "fp16";
+}
+
+// As QueryRows / KeyValueRows, with device pointers (pos too).
+struct CudaQueryRows {
+  const void* data = nullptr;  // Q (B, rows, H, D)
+  ElementType type = ElementType::bf16;
+  int64_t rows = 0;
+  const int64_t* pos = nullptr;
+};
+
+struct CudaKeyValueRows {
+  const void* k = nullptr;  // (B, rows, Hkv, D)
+  const void* v = nullptr;
+  ElementType type = ElementType::bf16;
+  int64_t rows = 0;
+  const int64_t* pos = nullptr;
+};
+
+enum class CudaKernel : uint8_t {
+  automatic,    // tensor cores when supported (cuda_tensor_cores_apply), else simple
+  tensor_core,  // tensor cores or std::invalid_argument
+  simple,       // CUDA-core fp32 kernels
+};
+
+struct CudaOptions {
+  cudaStream_t stream = nullptr;
+  CudaKernel kernel = CudaKernel::automatic;
+};
+
+// True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64 or 128, and
+// 16-byte aligned Q/K/V/dO pointers. (RINGATTN_CUDA_KERNEL=simple turns `automatic` to simple.)
+bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+                             const void* dout = nullptr);
+// Head dims any CUDA kernel supports: 1..256 (the tensor-core path: 64 and 128).
+bool cuda_supports_head_dim(int64_t head_dim);
+// Which kernel a call with these options and inputs runs: "tensor_core" or "simple".
+const char* cuda_kernel_name(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+                             const CudaOptions& options);
+
+// Attends the queries to the keys/values and merges the result into `state` (device memory;
+// it holds the queries' result over other keys, or is empty: O = 0, LSE = -inf). Asynchronous
+// on options.stream. The mask's doc_offsets and block_mask must be device pointers (its run
+// index pointers are ignored).
+void cuda_attention_forward(const AttentionDims& dims, const CudaQueryRows& q, const CudaKeyValueRows& kv,
+                            const MaskView& mask, const AttentionState& state, const CudaOptions& options);
+
+// dst <- merge(dst, src), as merge_states.
+void cuda_merge_states(const AttentionDims& dims, int64_t rows, const AttentionState& dst, const float* src_o,
+                       const float* src_lse, cudaStream_t stream);
+
+// delta = rowsum(dO * O), (B, H, rows).
+void cuda_attention_delta(const AttentionDims& dims, int64_t rows, const float* o, const void* dout,
+                          ElementType dout_type, float* delta, cudaStream_t stream);
+
+// As attention_backward: dq += dL/dQ through these keys, dk += dL/dK, dv += dL/dV (fp32).
+// `dout` has the layout and type of q.data. Deterministic (no atomics).
+void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, const CudaKeyValueRows& kv,
+                             const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                             const MaskView& mask, const CudaOptions& options);
+
+}  // namespace ringattn::kernels

@@ -1,0 +1,367 @@
+// Reading a rank's rows of a .npy file and writing them into an output shared by all ranks.
+// A rank touches only its own rows: consecutive positions become one pread/pwrite each, and
+// outputs are written under a temporary name that is renamed into place once complete.
+#include "runtime/io/npy.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+#include "runtime/errors.hpp"
+#include "runtime/io/npy_file.hpp"
+#include "runtime/io/temp_files.hpp"
+
+namespace ringattn {
+
+using namespace npy_internal;
+
+namespace {
+
+constexpr int64_t kBounceBytes = 1 << 20;  // conversion buffer for float64/float16 files
+
+// --- selections ---------------------------------------------------------------------------
+
+// Calls fn(file_element, buffer_element, elements) for each maximal run of the selection that is
+// contiguous both in the file and in the buffer (so a full-sequence selection is one run).
+template <class Fn>
+void for_each_run(const RowSelection& rows, int64_t file_elements, const std::string& where, Fn&& fn) {
+  const int64_t count = static_cast<int64_t>(rows.positions.size());
+  int64_t total = 0;
+  if (rows.outer < 0 || rows.seq < 0 || rows.inner < 0 || __builtin_mul_overflow(rows.outer, rows.seq, &total) ||
+      __builtin_mul_overflow(total, rows.inner, &total) || total != file_elements)
+    throw std::invalid_argument(where + "cannot view " + std::to_string(file_elements) + " elements as (outer, seq, inner) = (" +
+                                std::to_string(rows.outer) + ", " + std::to_string(rows.seq) + ", " +
+                                std::to_string(rows.inner) + ")");
+  for (int64_t k = 0; k < count; ++k)
+    if (rows.positions[k] < 0 || rows.positions[k] >= rows.seq || (k && rows.positions[k] <= rows.positions[k - 1]))
+      throw std::invalid_argument(where + "row positions must be strictly ascending in [0, " + std::to_string(rows.seq) + ")");
+  int64_t run_file = 0, run_buffer = 0, run_elements = 0;
+  for (int64_t o = 0; o < rows.outer; ++o) {
+    for (int64_t k = 0; k < count;) {
+      int64_t n = 1;
+      while (k + n < count && rows.positions[k + n] == rows.positions[k] + n) ++n;
+      const int64_t file = (o * rows.seq + rows.positions[k]) * rows.inner, buffer = (o * count + k) * rows.inner;
+      if (run_elements && run_file + run_elements == file && run_buffer + run_elements == buffer) {
+        run_elements += n * rows.inner;
+      } else {
+        if (run_elements) fn(run_file, run_buffer, run_elements);
+        run_file = file, run_buffer = buffer, run_elements = n * rows.inner;
+      }
+      k += n;
+    }
+  }
+  if (run_elements) fn(run_file, run_buffer, run_elements);
+}
+
+// --- conversions ------------------------------------------------------------------------------
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
+    const float f = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = exponent == 0x1f ? sign | 0x7f800000u | (mantissa << 13)  // inf, NaN
+                                         : sign | ((exponent + 112) << 23) | (mantissa << 13);
+  return std::bit_cast<float>(bits);
+}
+
+// Converts n elements of a float64 or float16 file; counts finite values that overflowed to inf.
+void convert_to_float(std::string_view descr, const char* src, int64_t n, float* dst, int64_t* overflowed) {
+  if (descr == "<f8") {
+    for (int64_t i = 0; i < n; ++i) {
+      double d;
+      std::memcpy(&d, src + 8 * i, 8);
+      dst[i] = static_cast<float>(d);
+      *overflowed += std::isinf(dst[i]) && std::isfinite(d);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      dst[i] = half_to_float(h);
+    }
+  }
+}
+
+void require_kind(const NpyInfo& info, std::initializer_list<std::string_view> accepted, const char* expected) {
+  for (std::string_view d : accepted)
+    if (info.descr == d) return;
+  throw UsageError(where_of(info.label, info.path) + "dtype " + std::string(dtype_name(info.descr)) + " ('" +
+                   info.descr + "') where " + expected + " is expected");
+}
+
+}  // namespace
+
+RowSelection rows_along(const std::vector<int64_t>& shape, int seq_axis, std::span<const int64_t> positions) {
+  if (seq_axis < 0 || seq_axis >= static_cast<int>(shape.size()))
+    throw std::invalid_argument("rows_along: axis " + std::to_string(seq_axis) + " outside shape " + format_shape(shape));
+  RowSelection rows;
+  rows.seq = shape[static_cast<size_t>(seq_axis)];
+  for (int a = 0; a < seq_axis; ++a) rows.outer *= shape[static_cast<size_t>(a)];
+  for (size_t a = static_cast<size_t>(seq_axis) + 1; a < shape.size(); ++a) rows.inner *= shape[a];
+  rows.positions = positions;
+  return rows;
+}
+
+void read_npy_rows(const NpyInfo& info, const RowSelection& rows, float* out, std::string* note) {
+  require_kind(info, {"<f4", "<f8", "<f2"}, "float32 ('<f4', or '<f8'/'<f2' to convert)");
+  const std::string where = where_of(info.label, info.path);
+  int64_t size = 0;
+  FileHandle file(open_input(info.path, &size, where));
+  if (size < info.data_offset + info.bytes())
+    throw RuntimeFault(where + "the file shrank to " + std::to_string(size) + " bytes since it was inspected");
+  const bool convert = info.descr != "<f4";
+  std::vector<char> bounce;
+  int64_t overflowed = 0;
+  for_each_run(rows, info.elements(), where, [&](int64_t file_element, int64_t buffer_element, int64_t n) {
+    const int64_t offset = info.data_offset + file_element * info.word_size;
+    if (!convert) return pread_all(file.fd, out + buffer_element, n * 4, offset, where);
+    const int64_t step = kBounceBytes / info.word_size;
+    bounce.resize(static_cast<size_t>(std::min(n, step) * info.word_size));
+    for (int64_t done = 0; done < n; done += step) {
+      const int64_t m = std::min(step, n - done);
+      pread_all(file.fd, bounce.data(), m * info.word_size, offset + done * info.word_size, where);
+      convert_to_float(info.descr, bounce.data(), m, out + buffer_element + done, &overflowed);
+    }
+  });
+  if (convert && note) {
+    *note = where + "converted " + std::string(dtype_name(info.descr)) + " to float32";
+    if (overflowed)
+      *note += " (" + std::to_string(overflowed) + (overflowed == 1 ? " value" : " values") +
+               " beyond the float32 range became inf)";
+  }
+}
+
+std::vector<float> read_npy_float(const std::string& path, const std::string& label, std::vector<int64_t>* shape,
+                                  std::string* note) {
+  const NpyInfo info = inspect_npy(path, label);
+  std::vector<float> data(static_cast<size_t>(info.elements()));
+  const int64_t all = 0;
+  RowSelection rows{1, 1, info.elements(), std::span<const int64_t>(&all, 1)};
+  read_npy_rows(info, rows, data.data(), note);  // also when empty: the note still applies
+  if (shape) *shape = info.shape;
+  return data;
+}
+
+namespace {
+// The whole data of a small file, as stored.
+std::vector<char> read_all_bytes(const NpyInfo& info) {
+  const std::string where = where_of(info.label, info.path);
+  int64_t size = 0;
+  FileHandle file(open_input(info.path, &size, where));
+  std::vector<char> bytes(static_cast<size_t>(info.bytes()));
+  pread_all(file.fd, bytes.data(), info.bytes(), info.data_offset, where);
+  return bytes;
+}
+}  // namespace
+
+std::vector<int64_t> read_npy_int64(const std::string& path, const std::string& label, std::vector<int64_t>* shape) {
+  const NpyInfo info = inspect_npy(path, label);
+  require_kind(info, {"<i8", "<i4"}, "int64 ('<i8', or '<i4')");
+  const std::vector<char> bytes = read_all_bytes(info);
+  std::vector<int64_t> values(static_cast<size_t>(info.elements()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (info.word_size == 8) {
+      std::memcpy(&values[i], bytes.data() + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      values[i] = v;
+    }
+  }
+  if (shape) *shape = info.shape;
+  return values;
+}
+
+std::vector<uint8_t> read_npy_u8(const std::string& path, const std::string& label, std::vector<int64_t>* shape) {
+  const NpyInfo info = inspect_npy(path, label);
+  require_kind(info, {"|u1", "|b1"}, "uint8 ('|u1') or bool ('|b1')");
+  const std::vector<char> bytes = read_all_bytes(info);
+  if (shape) *shape = info.shape;
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+namespace {
+// Makes a rename durable. Best effort: the data was flushed before, so the file is complete
+// either way, and some file systems refuse fsync on directories.
+void sync_directory_of(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+NpyOutput NpyOutput::create(const std::string& path, const std::string& label, const std::vector<int64_t>& shape) {
+  return create_as("<f4", path, label, shape);
+}
+
+NpyOutput NpyOutput::create_as(const std::string& descr, const std::string& path, const std::string& label,
+                               const std::vector<int64_t>& shape) {
+  const std::string where = where_of(label, path);
+  NpyOutput out;
+  out.path_ = path;
+  out.label_ = label;
+  out.shape_ = shape;
+  out.data_bytes_ = byte_count(shape, find_dtype(descr)->word_size);
+  if (out.data_bytes_ < 0) throw std::invalid_argument(where + "cannot write shape " + format_shape(shape));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw UsageError(where + "is a directory");
+
+  // Unique among ranks, jobs and hosts writing the same path; O_EXCL makes sure of it.
+  std::random_device entropy;
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".tmp-%08x%08x-%d", entropy(), entropy(), static_cast<int>(::getpid()));
+  out.temp_path_ = path + suffix;
+  temp_files::add(out.temp_path_);  // before it exists, so that a signal never misses it
+  out.fd_ = ::open(out.temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (out.fd_ < 0) {
+    const int e = errno;
+    temp_files::forget(out.temp_path_);
+    const std::string msg = where + "cannot create " + out.temp_path_ + ": " + std::strerror(e);
+    if (is_usage_errno(e)) throw UsageError(msg);
+    throw RuntimeFault(msg);
+  }
+  out.owner_ = true;  // from here on, a throw removes the temporary file
+
+  const std::string header = npy_header_bytes(descr, shape);
+  out.data_offset_ = static_cast<int64_t>(header.size());
+  pwrite_all(out.fd_, header.data(), out.data_offset_, 0, out.where());
+  const int64_t total = out.data_offset_ + out.data_bytes_;
+  int rc = ::posix_fallocate(out.fd_, 0, total);
+  if (rc == EOPNOTSUPP) rc = ::ftruncate(out.fd_, total) == 0 ? 0 : errno;  // no reservation on this file system
+  if (rc)
+    throw RuntimeFault(out.where() + "cannot reserve " + human_bytes(static_cast<double>(total)) + " (" +
+                       std::to_string(total) + " bytes): " + std::strerror(rc));
+  return out;
+}
+
+NpyOutput NpyOutput::open(const std::string& path, const std::string& temp_path, const std::string& label,
+                          const std::vector<int64_t>& shape) {
+  NpyOutput out;
+  out.path_ = path;
+  out.temp_path_ = temp_path;
+  out.label_ = label;
+  out.shape_ = shape;
+  out.data_bytes_ = byte_count(shape, 4);
+  out.fd_ = ::open(temp_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (out.fd_ < 0)
+    throw RuntimeFault(out.where() + "cannot open the temporary file another rank created: " + std::strerror(errno));
+  // The ranks must agree on what they write; a header that differs is a fault between them.
+  struct stat st {};
+  if (::fstat(out.fd_, &st) != 0) throw RuntimeFault(out.where() + "cannot stat: " + std::strerror(errno));
+  NpyInfo info;
+  try {
+    info = inspect_open(out.fd_, st.st_size, temp_path, label);
+  } catch (const UsageError& e) {
+    throw RuntimeFault(e.what());
+  }
+  if (info.descr != "<f4" || info.shape != shape || st.st_size != info.data_offset + out.data_bytes_)
+    throw RuntimeFault(out.where() + "the temporary file holds " + info.descr + " " + format_shape(info.shape) + " in " +
+                       std::to_string(st.st_size) + " bytes, not <f4 " + format_shape(shape));
+  out.data_offset_ = info.data_offset;
+  return out;
+}
+
+NpyOutput::NpyOutput(NpyOutput&& other) noexcept { *this = std::move(other); }
+
+NpyOutput& NpyOutput::operator=(NpyOutput&& other) noexcept {
+  if (this == &other) return *this;
+  release();
+  path_ = std::move(other.path_);
+  temp_path_ = std::move(other.temp_path_);
+  label_ = std::move(other.label_);
+  shape_ = std::move(other.shape_);
+  data_offset_ = other.data_offset_;
+  data_bytes_ = other.data_bytes_;
+  fd_ = std::exchange(other.fd_, -1);
+  owner_ = std::exchange(other.owner_, false);
+  committed_ = other.committed_;
+  return *this;
+}
+
+NpyOutput::~NpyOutput() { release(); }
+
+void NpyOutput::release() {
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  if (std::exchange(owner_, false) && !committed_) {
+    ::unlink(temp_path_.c_str());
+    temp_files::forget(temp_path_);
+  }
+}
+
+std::string NpyOutput::where() const { return where_of(label_, path_) + "(writing " + temp_path_ + ") "; }
+
+void NpyOutput::write_rows(const RowSelection& rows, const float* data) {
+  if (fd_ < 0) throw std::logic_error(where() + "write_rows after finish, commit or discard");
+  for_each_run(rows, data_bytes_ / 4, where(), [&](int64_t file_element, int64_t buffer_element, int64_t n) {
+    pwrite_all(fd_, data + buffer_element, n * 4, data_offset_ + file_element * 4, where());
+  });
+}
+
+void NpyOutput::finish() {
+  if (fd_ < 0) return;
+  const int fd = std::exchange(fd_, -1);
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw RuntimeFault(where() + "flushing to disk failed: " + std::strerror(e));
+  }
+  if (::close(fd) != 0 && errno != EINTR) throw RuntimeFault(where() + "closing failed: " + std::strerror(errno));
+}
+
+void NpyOutput::commit() {
+  if (committed_) return;
+  try {
+    finish();
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+      throw RuntimeFault(where() + "cannot rename to the final path: " + std::strerror(errno));
+  } catch (...) {
+    discard();
+    throw;
+  }
+  committed_ = true;
+  temp_files::forget(temp_path_);
+  sync_directory_of(path_);
+}
+
+void NpyOutput::discard() {
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  if (!committed_ && !temp_path_.empty()) {
+    ::unlink(temp_path_.c_str());
+    temp_files::forget(temp_path_);
+  }
+}
+
+void write_npy_whole(const std::string& path, const std::string& label, const std::string& descr,
+                     const std::vector<int64_t>& shape, const void* data) {
+  NpyOutput out = NpyOutput::create_as(descr, path, label, shape);
+  pwrite_all(out.fd_, data, out.data_bytes_, out.data_offset_, out.where());
+  out.commit();
+}
+
+void write_npy(const std::string& path, const std::string& label, const std::vector<int64_t>& shape,
+               const float* data) {
+  write_npy_whole(path, label, "<f4", shape, data);
+}
+
+void write_npy_u8(const std::string& path, const std::string& label, const std::vector<int64_t>& shape,
+                  const uint8_t* data) {
+  write_npy_whole(path, label, "|u1", shape, data);
+}
+
+}  // namespace ringattn

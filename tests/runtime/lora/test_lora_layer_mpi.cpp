@@ -1,0 +1,369 @@
+// The LoRA attention layer under mpirun against the fp64 reference of the whole layer
+// (lora_reference.hpp): Y, dX and dA, dB of every projection for every layout x schedule x mask,
+// GQA/MQA, batch 2, partial LoRA and bf16; one SGD and one AdamW step; training and the demo
+// independent of the number of ranks; merged weights; parameter memory per rank. Each rank checks
+// its own rows and its own parameter slices. Registered at 1, 2, 3 and 4 ranks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_util.hpp"
+#include "comm/mpi_communicator.hpp"
+#include "tests/runtime/lora/lora_reference.hpp"
+#include "tests/support/mask_variants.hpp"
+#include "runtime/lora/demo.hpp"
+#include "runtime/lora/layer.hpp"
+#include "runtime/lora/training.hpp"
+
+namespace ringattn::testing {
+namespace {
+
+
+struct LayerCase {
+  LayoutKind layout = LayoutKind::contiguous;
+  Schedule schedule = Schedule::direct;
+  int mask = 0;
+  int64_t B = 2, L = 67, d = 64, H = 4, Hkv = 2, r = 4;
+  double alpha = 8.0;
+  std::array<bool, kProjections> lora{true, true, true, true};
+  DType dtype = DType::f32;
+
+  LayerConfig config() const {
+    LayerConfig c;
+    c.batch = B, c.seq_len = L, c.d_model = d, c.heads = H, c.kv_heads = Hkv;
+    c.lora_rank = r, c.lora_alpha = alpha, c.lora = lora, c.dtype = dtype, c.schedule = schedule, c.threads = 1;
+    return c;
+  }
+  std::string describe(const Mask& m, int P) const {
+    return std::string(layout_name(layout)) + "/" + schedule_name(schedule) + "/" + m.describe() + "/" +
+           dtype_name(dtype) + " B=" + std::to_string(B) + " L=" + std::to_string(L) + " H=" + std::to_string(H) +
+           " Hkv=" + std::to_string(Hkv) + " P=" + std::to_string(P);
+  }
+};
+
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// Whole parameters, drawn in fp32 (so the layer and the reference see the same values), the same
+// on every rank.
+RefLayer make_reference(const LayerCase& c, const Mask& mask, uint64_t seed) {
+  RefLayer ref;
+  ref.batch = c.B, ref.seq_len = c.L, ref.d_model = c.d, ref.heads = c.H, ref.kv_heads = c.Hkv;
+  ref.scaling = c.alpha / double(c.r);
+  ref.mask = mask.view();
+  const LayerConfig config = c.config();
+  for (int p = 0; p < kProjections; ++p) {
+    const ProjectionShape s = config.shape(p);
+    RefProjection& r = ref.proj[size_t(p)];
+    r.out = s.out, r.in = s.in, r.rank = s.rank;
+    const float w = float(1.0 / std::sqrt(double(s.in)));
+    r.w0 = to_double(random_vector(size_t(s.out * s.in), seed + 10 * p, w));
+    r.a = to_double(random_vector(size_t(s.rank * s.in), seed + 10 * p + 1, w));
+    r.b = to_double(random_vector(size_t(s.out * s.rank), seed + 10 * p + 2, 0.3f));
+  }
+  return ref;
+}
+
+void load(LoraLayer& layer, const RefLayer& ref) {
+  for (int p = 0; p < kProjections; ++p) {
+    const RefProjection& r = ref.proj[size_t(p)];
+    ShardedProjection& proj = layer.projection(p);
+    proj.fill(ProjectionPart::w0, [&](int64_t i, int64_t j) { return float(r.w0[size_t(i * r.in + j)]); });
+    if (r.rank == 0) continue;
+    proj.fill(ProjectionPart::lora_a, [&](int64_t i, int64_t j) { return float(r.a[size_t(i * r.in + j)]); });
+    proj.fill(ProjectionPart::lora_b, [&](int64_t i, int64_t j) { return float(r.b[size_t(i * r.rank + j)]); });
+  }
+}
+
+// This rank's rows of a (B, L, width) tensor.
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& full, int64_t B, int64_t L, int64_t width,
+                       const std::vector<int64_t>& pos) {
+  std::vector<T> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t : pos)
+      out.insert(out.end(), full.begin() + (b * L + t) * width, full.begin() + (b * L + t + 1) * width);
+  return out;
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// The owned elements of A or B of projection p from `slice` (laid out as lora()), next to the
+// reference tensor's values at the same coordinates.
+void owned_pairs(const ShardedProjection& proj, ProjectionPart part, std::span<const float> slice,
+                 const std::vector<double>& ref, std::vector<double>& got, std::vector<double>& want) {
+  const int64_t cols = part == ProjectionPart::lora_a ? proj.shape().in : proj.shape().rank;
+  proj.for_each_owned(part, [&](int64_t i, int64_t j, size_t index) {
+    got.push_back(slice[index]);
+    want.push_back(ref[size_t(i * cols + j)]);
+  });
+}
+
+// |got - want| <= tol * max |want| (the whole tensor's scale, at least 1: a gradient that is
+// exactly zero in fp64, e.g. dQ of a row that sees only itself, is fp32 rounding noise here).
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double scale, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double err = max_abs_diff(got, want);
+  EXPECT_LE(err, tol * std::max(scale, 1.0)) << what << ": max error " << err << ", scale " << scale;
+}
+
+class LoraLayerMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+    comm->set_timeout(60.0);
+  }
+  std::unique_ptr<comm::Communicator> comm;
+};
+
+// Forward and backward of one case on `comm`, each rank checking its rows and slices.
+void check_against_fp64(comm::Communicator& comm, const LayerCase& c, double tol) {
+  const int P = comm.size();
+  const Mask mask = mask_variant(c.mask, c.L);
+  SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(comm.rank()));
+  const ShardLayout layout(c.layout, c.L, P);
+  LoraLayer layer(comm, c.config(), layout, mask);
+  const RefLayer ref = make_reference(c, mask, 100);
+  load(layer, ref);
+  const std::vector<float> x = random_vector(size_t(c.B * c.L * c.d), 7), dy = random_vector(x.size(), 8);
+  const std::vector<float> xr = rows_of(x, c.B, c.L, c.d, layer.positions());
+  const std::vector<float> dyr = rows_of(dy, c.B, c.L, c.d, layer.positions());
+  std::vector<float> y(xr.size()), dx(xr.size());
+  layer.forward(xr.data(), y.data());
+  layer.backward(xr.data(), dyr.data(), dx.data());
+
+  const std::vector<double> ry = reference_layer_forward(ref, to_double(x));
+  const RefGrads rg = reference_layer_backward(ref, to_double(x), to_double(dy));
+  expect_close(to_double(y), rows_of(ry, c.B, c.L, c.d, layer.positions()), max_abs(ry), tol, "y");
+  expect_close(to_double(dx), rows_of(rg.dx, c.B, c.L, c.d, layer.positions()), max_abs(rg.dx), tol, "dx");
+  for (int p = 0; p < kProjections; ++p) {
+    const std::string name = projection_name(p);
+    if (!c.lora[size_t(p)]) {
+      EXPECT_TRUE(layer.lora_grad(p).empty()) << name;
+      continue;
+    }
+    std::vector<double> got, want;
+    owned_pairs(layer.projection(p), ProjectionPart::lora_a, layer.lora_grad(p), rg.da[size_t(p)], got, want);
+    expect_close(got, want, max_abs(rg.da[size_t(p)]), tol, "dA of " + name);
+    got.clear(), want.clear();
+    owned_pairs(layer.projection(p), ProjectionPart::lora_b, layer.lora_grad(p), rg.db[size_t(p)], got, want);
+    expect_close(got, want, max_abs(rg.db[size_t(p)]), tol, "dB of " + name);
+  }
+}
+
+constexpr double kFp32Tolerance = 2e-5;  // relative to the tensor's largest value
+
+TEST_F(LoraLayerMpi, EveryLayoutScheduleAndMaskMatchesFp64) {
+  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped})
+    for (Schedule schedule : {Schedule::direct, Schedule::ring})
+      for (int m = 0; m < kMaskVariants; ++m) {
+        LayerCase c;
+        c.layout = layout, c.schedule = schedule, c.mask = m;
+        check_against_fp64(*comm, c, kFp32Tolerance);
+      }
+}
+
+TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {
+  LayerCase c;
+  c.lora = {true, false, true, false};  // PEFT's default target modules: q_proj and v_proj
+  c.Hkv = 1, c.B = 1, c.d = 32, c.H = 2, c.r = 3, c.alpha = 3;
+  c.mask = 1;
+  c.layout = LayoutKind::zigzag;
+  check_against_fp64(*comm, c, kFp32Tolerance);
+  c.L = comm->size();  // one position per rank
+  c.layout = LayoutKind::striped;
+  check_against_fp64(*comm, c, kFp32Tolerance);
+}
+
+TEST_F(LoraLayerMpi, Bf16AttentionStorage) {
+  LayerCase c;
+  c.dtype = DType::bf16;
+  c.mask = 1;
+  c.layout = LayoutKind::zigzag;
+  check_against_fp64(*comm, c, 3e-2);  // Q, K, V, dO rounded to 8 bits of mantissa
+}
+
+// One training step (MSE against a target) against the fp64 step, comparing the updates.
+void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr) {
+  LayerCase c;
+  c.mask = 1, c.layout = LayoutKind::zigzag;
+  const Mask mask = mask_variant(c.mask, c.L);
+  SCOPED_TRACE(std::string(optimizer_name(kind)) + " P=" + std::to_string(comm.size()));
+  const ShardLayout layout(c.layout, c.L, comm.size());
+  LoraLayer layer(comm, c.config(), layout, mask);
+  RefLayer ref = make_reference(c, mask, 200);
+  load(layer, ref);
+  const RefLayer before = ref;
+  const std::vector<float> x = random_vector(size_t(c.B * c.L * c.d), 9), target = random_vector(x.size(), 10, 0.5f);
+  const std::vector<float> xr = rows_of(x, c.B, c.L, c.d, layer.positions());
+  const std::vector<float> tr = rows_of(target, c.B, c.L, c.d, layer.positions());
+  OptimizerOptions options;
+  options.kind = kind, options.lr = lr;
+  LoraOptimizer optimizer(layer, options);
+  std::vector<float> y;
+  const double loss = train_step(comm, layer, optimizer, xr.data(), LossKind::mse, tr.data(), y);
+
+  const std::vector<double> ry = reference_layer_forward(ref, to_double(x));
+  std::vector<double> rdy(ry.size());
+  double ref_loss = 0;
+  for (size_t i = 0; i < ry.size(); ++i) {
+    const double e = ry[i] - double(target[i]);
+    ref_loss += e * e / double(ry.size());
+    rdy[i] = 2.0 * e / double(ry.size());
+  }
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+  reference_step(ref, reference_layer_backward(ref, to_double(x), rdy),
+                 kind == OptimizerKind::sgd ? RefOptimizer::sgd : RefOptimizer::adamw, lr);
+  for (int p = 0; p < kProjections; ++p)
+    for (ProjectionPart part : {ProjectionPart::lora_a, ProjectionPart::lora_b}) {
+      const std::vector<double>& now = part == ProjectionPart::lora_a ? ref.proj[size_t(p)].a : ref.proj[size_t(p)].b;
+      const std::vector<double>& then =
+          part == ProjectionPart::lora_a ? before.proj[size_t(p)].a : before.proj[size_t(p)].b;
+      std::vector<double> update(now.size());
+      for (size_t i = 0; i < now.size(); ++i) update[i] = now[i] - then[i];
+      std::vector<double> got, start, want;
+      owned_pairs(layer.projection(p), part, layer.projection(p).lora(), then, got, start);
+      std::vector<double> got_update(got.size());
+      for (size_t i = 0; i < got.size(); ++i) got_update[i] = got[i] - start[i];
+      owned_pairs(layer.projection(p), part, layer.projection(p).lora(), update, got, want);
+      // (fp32 parameters: an update is exact up to the rounding of the parameter itself)
+      expect_close(got_update, want, max_abs(update), 1e-4,
+                   std::string(projection_name(p)) + (part == ProjectionPart::lora_a ? " A update" : " B update"));
+    }
+}
+
+TEST_F(LoraLayerMpi, SgdStepMatchesFp64) { check_training_step(*comm, OptimizerKind::sgd, 0.5); }
+TEST_F(LoraLayerMpi, AdamwStepMatchesFp64) { check_training_step(*comm, OptimizerKind::adamw, 1e-2); }
+
+// Several steps at P ranks end where one process ends, to fp32 rounding.
+TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
+  LayerCase c;
+  c.mask = 2, c.layout = LayoutKind::striped;
+  const Mask mask = mask_variant(c.mask, c.L);
+  const std::vector<float> target = random_vector(size_t(c.B * c.L * c.d), 11, 0.5f);
+  auto train = [&](comm::Communicator& on, OptimizerKind kind) {
+    auto layer = std::make_unique<LoraLayer>(on, c.config(), ShardLayout(c.layout, c.L, on.size()), mask);
+    load(*layer, make_reference(c, mask, 300));
+    OptimizerOptions options;
+    options.kind = kind, options.lr = kind == OptimizerKind::sgd ? 0.2 : 1e-2;
+    LoraOptimizer optimizer(*layer, options);
+    std::vector<float> y;
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<float> x = random_vector(target.size(), 20 + uint64_t(step));
+      train_step(on, *layer, optimizer, rows_of(x, c.B, c.L, c.d, layer->positions()).data(), LossKind::mse,
+                 rows_of(target, c.B, c.L, c.d, layer->positions()).data(), y);
+    }
+    return layer;
+  };
+  std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank(), 0);
+  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    SCOPED_TRACE(optimizer_name(kind));
+    const auto sharded = train(*comm, kind);
+    const auto single = train(*alone, kind);
+    for (int p = 0; p < kProjections; ++p)
+      for (ProjectionPart part : {ProjectionPart::lora_a, ProjectionPart::lora_b}) {
+        const ShardedProjection& whole = single->projection(p);
+        const int64_t cols = part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().rank;
+        std::vector<double> full(
+            size_t(whole.shape().rank * (part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().out)));
+        whole.for_each_owned(part,
+                             [&](int64_t i, int64_t j, size_t k) { full[size_t(i * cols + j)] = whole.lora()[k]; });
+        std::vector<double> got, want;
+        owned_pairs(sharded->projection(p), part, sharded->projection(p).lora(), full, got, want);
+        expect_close(got, want, max_abs(full), 1e-5, std::string(projection_name(p)) + " after 4 steps");
+      }
+  }
+}
+
+TEST_F(LoraLayerMpi, MergedWeightsGiveTheSameOutputWithoutLora) {
+  LayerCase c;
+  c.mask = 3;
+  const Mask mask = mask_variant(c.mask, c.L);
+  const ShardLayout layout(c.layout, c.L, comm->size());
+  LoraLayer layer(*comm, c.config(), layout, mask);
+  const RefLayer ref = make_reference(c, mask, 400);
+  load(layer, ref);
+  LayerCase plain = c;
+  plain.lora.fill(false);
+  LoraLayer merged(*comm, plain.config(), layout, mask);
+  for (int p = 0; p < kProjections; ++p) {
+    const std::vector<float> rows = layer.merged_rows(p);
+    const ShardedProjection& proj = merged.projection(p);
+    ASSERT_EQ(rows.size(), proj.w0().size());
+    std::vector<double> got, want;
+    const std::vector<double> effective = ref.effective(p);
+    proj.for_each_owned(ProjectionPart::w0, [&](int64_t i, int64_t j, size_t k) {
+      got.push_back(rows[k]);
+      want.push_back(effective[size_t(i * proj.shape().in + j)]);
+    });
+    expect_close(got, want, max_abs(effective), 1e-6, std::string("merged W of ") + projection_name(p));
+    std::copy(rows.begin(), rows.end(), merged.projection(p).w0().begin());
+    EXPECT_TRUE(merged.projection(p).lora().empty());
+  }
+  const std::vector<float> x = rows_of(random_vector(size_t(c.B * c.L * c.d), 12), c.B, c.L, c.d, layer.positions());
+  std::vector<float> y1(x.size()), y2(x.size());
+  layer.forward(x.data(), y1.data());
+  merged.forward(x.data(), y2.data());
+  expect_close(to_double(y2), to_double(y1), max_abs(to_double(y1)), 1e-5, "merged vs unmerged y");
+}
+
+TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
+  LayerCase c;
+  c.d = 128, c.H = 8, c.Hkv = 2, c.r = 8, c.B = 1;
+  const int P = comm->size();
+  const ShardLayout layout(c.layout, c.L, P);
+  LoraLayer layer(*comm, c.config(), layout, Mask());
+  size_t slack = 0, largest = 0;  // one more row of W0 and B and one more column of A, per projection
+  for (int p = 0; p < kProjections; ++p) {
+    const ProjectionShape& s = layer.projection(p).shape();
+    slack += sizeof(float) * size_t(s.in + 2 * s.rank);
+    largest = std::max(largest, layer.projection(p).full_bytes());
+  }
+  const size_t full = layer.full_parameter_bytes(), mine = layer.shard_bytes();
+  EXPECT_EQ(full, sizeof(float) * size_t(2 * 128 * 128 + 2 * 32 * 128 + 8 * (4 * 128 + 2 * 128 + 2 * 32)));
+  EXPECT_LE(mine, full / size_t(P) + slack);
+  EXPECT_GE(mine + slack, full / size_t(P));
+  uint64_t sum = mine;
+  comm->allreduce(&sum, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  EXPECT_EQ(sum, full);  // every parameter held exactly once
+  std::vector<float> x(layer.activation_elements(), 0.5f), y(x.size()), dx(x.size());
+  layer.forward(x.data(), y.data());
+  layer.backward(x.data(), y.data(), dx.data());
+  EXPECT_GE(layer.peak_gathered_bytes(), largest);      // one projection in use ...
+  EXPECT_LE(layer.peak_gathered_bytes(), 2 * largest);  // ... and at most the next one arriving
+  EXPECT_EQ(layer.gathered_bytes(), 0u);                // released after the pass
+}
+
+// The demo's loss curve is the same for any number of ranks, and falls.
+TEST_F(LoraLayerMpi, DemoLossCurveIsIndependentOfRanks) {
+  LayerCase c;
+  c.B = 1, c.L = 128, c.d = 64, c.H = 4, c.Hkv = 2, c.alpha = 4;
+  Mask mask;
+  mask.causal = true;
+  DemoOptions options;
+  options.steps = 40;
+  options.optimizer.lr = 0.02;
+  auto run = [&](comm::Communicator& on) {
+    LoraLayer student(on, c.config(), ShardLayout(LayoutKind::zigzag, c.L, on.size()), mask);
+    return run_lora_demo(on, student, options);
+  };
+  const std::vector<double> sharded = run(*comm);
+  std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank() == 0 ? 0 : -1, 0);
+  std::vector<double> single(sharded.size());
+  if (alone) single = run(*alone);
+  comm->broadcast(single.data(), single.size() * sizeof(double), 0);
+  ASSERT_EQ(sharded.size(), 40u);
+  for (size_t i = 0; i < sharded.size(); ++i) EXPECT_NEAR(sharded[i], single[i], 1e-4 * single[i]) << "step " << i + 1;
+  EXPECT_LT(single.back(), 0.5 * single.front());
+}
+
+}  // namespace
+}  // namespace ringattn::testing
