@@ -1,5 +1,6 @@
 #include "kernels/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -8,12 +9,32 @@ namespace ringattn::kernels {
 
 namespace {
 
-// Scaled scores of one query row against every key (-inf where masked), accumulated in T.
+// What the tensor-core kernels feed their second products: P (forward, and dV = P^T dO) and dS
+// (dQ = dS K, dK = dS^T Q) rounded to bf16; the softmax sums stay fp32.
+template <class T>
+T product_operand(T x, SamePrecision precision) {
+  if (precision != SamePrecision::bf16_products) return x;
+  return T(bf16_to_float(float_to_bf16(float(x))));
+}
+
+// Keys [first, last) of one query row that the mask may show: with keys in ascending positions
+// (every rank's shard, every sample) only those inside the query's key_range, so that a query
+// seeing a window of a long sequence costs the window, not the sequence.
+struct KeySpan {
+  int64_t first, last;
+};
+inline KeySpan key_span(const MaskView& mask, int64_t qpos, const int64_t* k_pos, int64_t k_rows, bool sorted) {
+  if (!sorted) return {0, k_rows};
+  const PosRange r = key_range(mask, qpos);
+  return {std::lower_bound(k_pos, k_pos + k_rows, r.lo) - k_pos, std::upper_bound(k_pos, k_pos + k_rows, r.hi) - k_pos};
+}
+
+// Scaled scores of one query row against the keys of `span` (-inf where masked), accumulated in T.
 template <class T>
 void score_row(const AttentionDims& dims, const float* qi, int64_t qpos, const float* k, const int64_t* k_pos,
-               int64_t k_rows, int64_t b, int64_t kvh, const MaskView& mask, std::vector<T>& s) {
+               int64_t k_rows, KeySpan span, int64_t b, int64_t kvh, const MaskView& mask, std::vector<T>& s) {
   const int64_t D = dims.head_dim, Hkv = dims.kv_heads;
-  for (int64_t j = 0; j < k_rows; ++j) {
+  for (int64_t j = span.first; j < span.last; ++j) {
     if (!visible(mask, qpos, k_pos[j])) {
       s[j] = -std::numeric_limits<T>::infinity();
       continue;
@@ -28,19 +49,21 @@ void score_row(const AttentionDims& dims, const float* qi, int64_t qpos, const f
 template <class T>
 void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
                   const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask, T* o, T* lse,
-                  double* max_abs_score = nullptr) {
+                  double* max_abs_score = nullptr, SamePrecision precision = SamePrecision::fp32) {
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<size_t>(k_rows));
+  const bool sorted = std::is_sorted(k_pos, k_pos + k_rows);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < q_rows; ++i)
       for (int64_t h = 0; h < H; ++h) {
         const int64_t kvh = h / group;
         const float* qi = q + ((b * q_rows + i) * H + h) * D;
         T* oi = o + ((b * q_rows + i) * H + h) * D;
-        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
+        const KeySpan span = key_span(mask, q_pos[i], k_pos, k_rows, sorted);
+        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
         T m = neg_inf;
-        for (int64_t j = 0; j < k_rows; ++j) {
+        for (int64_t j = span.first; j < span.last; ++j) {
           m = std::max(m, s[j]);
           if (max_abs_score && s[j] != neg_inf) *max_abs_score = std::max(*max_abs_score, double(std::abs(s[j])));
         }
@@ -50,12 +73,13 @@ void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_po
           continue;
         }
         T sum = 0;
-        for (int64_t j = 0; j < k_rows; ++j) {
+        for (int64_t j = span.first; j < span.last; ++j) {
           if (s[j] == neg_inf) continue;
           const T p = std::exp(s[j] - m);
           sum += p;
+          const T pv = product_operand(p, precision);
           const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
-          for (int64_t d = 0; d < D; ++d) oi[d] += p * T(vj[d]);
+          for (int64_t d = 0; d < D; ++d) oi[d] += pv * T(vj[d]);
         }
         for (int64_t d = 0; d < D; ++d) oi[d] /= sum;
         lse[(b * H + h) * q_rows + i] = m + std::log(sum);
@@ -66,11 +90,12 @@ template <class T>
 void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
                    const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout, const T* lse,
                    const T* delta, const MaskView& mask, T* dq, T* dk, T* dv,
-                   const GradientMagnitudes* magnitude = nullptr) {
+                   const GradientMagnitudes* magnitude = nullptr, SamePrecision precision = SamePrecision::fp32) {
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
   const T scale = dims.scale;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<size_t>(k_rows));
+  const bool sorted = std::is_sorted(k_pos, k_pos + k_rows);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < q_rows; ++i)
       for (int64_t h = 0; h < H; ++h) {
@@ -81,21 +106,22 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
         const float* doi = dout + ((b * q_rows + i) * H + h) * D;
         T* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
         const T di = delta[(b * H + h) * q_rows + i];
-        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
-        for (int64_t j = 0; j < k_rows; ++j) {
+        const KeySpan span = key_span(mask, q_pos[i], k_pos, k_rows, sorted);
+        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
+        for (int64_t j = span.first; j < span.last; ++j) {
           if (s[j] == neg_inf) continue;
           const T p = std::exp(s[j] - l);
           const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
           const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
           T dp = 0;
           for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
-          const T ds = p * (dp - di) * scale;
+          const T ds = product_operand(p * (dp - di) * scale, precision), pv = product_operand(p, precision);
           T* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
           T* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
           for (int64_t d = 0; d < D; ++d) {
             if (dqi) dqi[d] += ds * T(kj[d]);
             if (dkj) dkj[d] += ds * T(qi[d]);
-            if (dvj) dvj[d] += p * T(doi[d]);
+            if (dvj) dvj[d] += pv * T(doi[d]);
           }
           if (magnitude) {
             const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));
@@ -128,15 +154,16 @@ void reference_backward(const AttentionDims& dims, const float* q, const int64_t
 
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
-                        float* o, float* lse) {
-  forward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse);
+                        float* o, float* lse, SamePrecision precision) {
+  forward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, mask, o, lse, nullptr, precision);
 }
 
 void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                          const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                          const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
-                         float* dv) {
-  backward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv);
+                         float* dv, SamePrecision precision) {
+  backward_impl<float>(dims, q, q_pos, q_rows, k, v, k_pos, k_rows, dout, lse, delta, mask, dq, dk, dv, nullptr,
+                       precision);
 }
 
 }  // namespace ringattn::kernels

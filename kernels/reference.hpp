@@ -35,13 +35,17 @@ void reference_backward(const AttentionDims& dims, const float* q, const int64_t
                         double* dv, const GradientMagnitudes* magnitude = nullptr);
 
 // The same computation in plain fp32 (scores, softmax, products in float): the "same precision
-// reference" whose error against fp64 sets the tolerance of the kernel tests, FlashAttention style.
+// reference" whose error against fp64 sets the bound of every check (kernels/error_rule.hpp).
+// Inputs are what the kernel saw (bf16 inputs converted exactly), so fp32 accumulation models the
+// bf16 kernels too; bf16_products also rounds P and dS to bf16 before their products, as the
+// tensor-core kernels do.
+enum class SamePrecision { fp32, bf16_products };
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
-                        float* o, float* lse);
+                        float* o, float* lse, SamePrecision precision = SamePrecision::fp32);
 void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                          const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                          const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
-                         float* dv);
+                         float* dv, SamePrecision precision = SamePrecision::fp32);
 
 }  // namespace ringattn::kernels

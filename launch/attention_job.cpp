@@ -120,6 +120,7 @@ int run_attention(LaunchContext& ctx) {
   comm::Communicator& comm = ctx.world;
   const int P = comm.size(), rank = comm.rank();
   TestHook test_hook;
+  TestFault test_fault;  // tests of --check only: what the ring computes differs from what is checked
   Options opts;
   const po::options_description desc = describe_attention_options(opts);
   Job job;
@@ -129,7 +130,10 @@ int run_attention(LaunchContext& ctx) {
   if (args.empty()) args = {"--causal", "--backward", "--check"};
   // Parse, agree, then validate: each its own agreed phase.
   const po::variables_map vm = parse_and_agree(comm, desc, args, "attention");
-  agreed_phase(comm, [&] { test_hook = TestHook::from_environment(rank); });
+  agreed_phase(comm, [&] {
+    test_hook = TestHook::from_environment(rank);
+    test_fault = TestFault::from_environment();
+  });
   const bool help = vm.count("help") > 0;
   if (!help) {
     agreed_phase(comm, [&] { job = resolve_attention_job(opts, vm, ctx); });
@@ -147,11 +151,12 @@ int run_attention(LaunchContext& ctx) {
 
   std::optional<ShardLayout> layout_storage;
   std::vector<int64_t> pos;
-  Mask mask;
+  Mask mask, ring_mask;
   agreed_phase(comm, [&] {
     layout_storage.emplace(job.layout, job.seq_len, P);
     pos = layout_storage->positions(rank);
     mask = build_mask(job.opt.mask, job.seq_len, job.opt.seed);
+    ring_mask = test_fault.ring_mask(mask);
   });
   // Every rank read the same files: the same shapes and the same mask.
   agreed_phase(comm, [&] {
@@ -189,13 +194,16 @@ int run_attention(LaunchContext& ctx) {
   DeviceBuffer dq_in, dk_in, dv_in, ddo_in;
   const bool scan = job.files ? !job.opt.no_check_finite : job.opt.check_finite;
   const bool inputs_on_host = backend->memory() == comm::MemorySpace::host && job.dtype == DType::f32;
-  const bool keep_host_copy = job.opt.check && !inputs_on_host;
+  const bool keep_host_copy = job.opt.check && (!inputs_on_host || test_fault.active());
   std::string notes[4];
   agreed_phase(comm, [&] {
     auto load = [&](std::vector<float>& host, DeviceBuffer& buf, const std::optional<NpyInfo>& info,
                     RandomTensor tensor, int64_t heads, std::string* note) {
       host = load_rows(job, info, tensor, heads, pos, scan, note);
       buf = to_backend(*backend, host, job.dtype);
+      std::vector<float> faulty;
+      const bool kv = tensor == RandomTensor::k || tensor == RandomTensor::v;
+      if (test_fault.ring_rows(host, kv, job.dims, faulty)) buf = to_backend(*backend, faulty, job.dtype);
       if (!keep_host_copy) host = std::vector<float>();
     };
     load(q, dq_in, job.q_info, RandomTensor::q, H, &notes[0]);
@@ -208,7 +216,8 @@ int run_attention(LaunchContext& ctx) {
       if (!note.empty()) std::fprintf(stderr, "ringattn: note: %s\n", note.c_str());
 
   ring_comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
-  RingAttention ring(ring_comm, *backend, layout, mask, RingOptions{job.dims, job.dtype, job.schedule});
+  RingAttention ring(ring_comm, *backend, layout, ring_mask,
+                     RingOptions{test_fault.ring_dims(job.dims), job.dtype, job.schedule});
   DeviceBuffer o_buf(*backend, sizeof(float) * static_cast<size_t>(B * rows * H * D));
   DeviceBuffer lse_buf(*backend, sizeof(float) * static_cast<size_t>(B * H * rows));
   DeviceBuffer dq_buf, dk_buf, dv_buf;
@@ -287,11 +296,16 @@ int run_attention(LaunchContext& ctx) {
   const float* dq = host_floats(*backend, dq_buf, dq_copy);
   const float* dk = host_floats(*backend, dk_buf, dk_copy);
   const float* dv = host_floats(*backend, dv_buf, dv_copy);
+  if (test_fault.changes_outputs()) {
+    o_copy.assign(o, o + B * rows * H * D), lse_copy.assign(lse, lse + B * H * rows);
+    test_fault.outputs(layout, rank, mask, job.dims, q.data(), k.data(), v.data(), o_copy, lse_copy);
+    o = o_copy.data(), lse = lse_copy.data();
+  }
 
   std::optional<CheckReport> check;
   if (job.opt.check) {  // communicates: a failure here ends every rank at once (main's handler)
     CheckTensors t{q.data(), k.data(), v.data(), o, lse, dout.data(), dq, dk, dv};
-    if (inputs_on_host)
+    if (inputs_on_host && !test_fault.active())
       t.q = dq_in.as<float>(), t.k = dk_in.as<float>(), t.v = dv_in.as<float>(), t.dout = ddo_in.as<float>();
     check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);
   }

@@ -1,5 +1,7 @@
 #include "launch/test_hook.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -49,6 +51,93 @@ void TestHook::fire() const {
     return;
   }
   for (;;) pause();  // a terminating signal ends the process (launch/main.cpp); SIGCONT does not
+}
+
+TestFault TestFault::from_environment() {
+  TestFault fault;
+  const char* value = std::getenv(kVariable);
+  if (!value || !*value) return fault;
+  const std::string text = value;
+  const std::pair<const char*, Kind> kinds[] = {
+      {"output-element", Kind::output_element},   {"window-off-by-one", Kind::window_off_by_one},
+      {"document-off-by-one", Kind::document_off_by_one}, {"causal-diagonal", Kind::causal_diagonal},
+      {"softmax-scale", Kind::softmax_scale},     {"gqa-head", Kind::gqa_head}};
+  for (const auto& [name, kind] : kinds)
+    if (text == name) fault.kind_ = kind;
+  if (!fault.active())
+    throw UsageError(std::string(kVariable) + "=" + text + ": expected one of output-element, window-off-by-one, " +
+                     "document-off-by-one, causal-diagonal, softmax-scale, gqa-head");
+  return fault;
+}
+
+Mask TestFault::ring_mask(const Mask& mask) const {
+  Mask m = mask;
+  auto needs = [&](bool ok, const char* what) {
+    if (!ok) throw UsageError(std::string(kVariable) + ": the job needs " + what);
+  };
+  if (kind_ == Kind::window_off_by_one) {
+    needs(mask.window_left >= 0, "a left window (--window)");
+    m.window_left = mask.window_left + 1;
+  } else if (kind_ == Kind::document_off_by_one) {
+    const std::vector<int64_t>& at = mask.doc_offsets();
+    needs(at.size() >= 3 && at[2] - at[1] >= 2, "two documents, the second of two positions or more");
+    std::vector<int64_t> lengths;
+    for (size_t d = 0; d + 1 < at.size(); ++d) lengths.push_back(at[d + 1] - at[d]);
+    ++lengths[0], --lengths[1];
+    m.set_documents(lengths);
+  } else if (kind_ == Kind::causal_diagonal) {
+    needs(mask.causal, "--causal");
+  }
+  return m;
+}
+
+kernels::AttentionDims TestFault::ring_dims(kernels::AttentionDims dims) const {
+  if (kind_ == Kind::softmax_scale) dims.scale *= 1.0f + 1.0f / 1024.0f;
+  if (kind_ == Kind::gqa_head && dims.kv_heads < 2) throw UsageError(std::string(kVariable) + ": the job needs --kv-heads 2 or more");
+  return dims;
+}
+
+bool TestFault::ring_rows(const std::vector<float>& rows, bool key_or_value, const kernels::AttentionDims& dims,
+                          std::vector<float>& faulty) const {
+  if (kind_ != Kind::gqa_head || !key_or_value) return false;
+  faulty = rows;
+  const size_t D = static_cast<size_t>(dims.head_dim), width = static_cast<size_t>(dims.kv_heads) * D;
+  for (size_t row = 0; row < rows.size() / width; ++row)
+    std::swap_ranges(&faulty[row * width], &faulty[row * width + D], &faulty[row * width + D]);
+  return true;
+}
+
+void TestFault::outputs(const ShardLayout& layout, int rank, const Mask& mask, const kernels::AttentionDims& dims,
+                        const float* q, const float* k, const float* v, std::vector<float>& o,
+                        std::vector<float>& lse) const {
+  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, rows = layout.rows(rank);
+  if (kind_ == Kind::output_element) {
+    const ShardLayout::Location last = layout.locate(layout.seq_len() - 1);
+    if (last.rank == rank) o[static_cast<size_t>(last.row * H * D)] += 1.0f / 8192.0f;
+  }
+  if (kind_ != Kind::causal_diagonal) return;
+  // Take the diagonal term out of each row's softmax: with w = exp(s_ii - LSE), its share,
+  // O' = (O - w v_i) / (1 - w) and LSE' = LSE + log(1 - w). Query i and key i share a rank and a row.
+  const MaskView mv = mask.view();
+  const std::vector<int64_t> pos = layout.positions(rank);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < rows; ++i) {
+      if (!visible(mv, pos[static_cast<size_t>(i)], pos[static_cast<size_t>(i)])) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kvh = h / (H / Hkv);
+        const float* qi = q + ((b * rows + i) * H + h) * D;
+        const float* ki = k + ((b * rows + i) * Hkv + kvh) * D;
+        const float* vi = v + ((b * rows + i) * Hkv + kvh) * D;
+        float* oi = &o[static_cast<size_t>(((b * rows + i) * H + h) * D)];
+        float& l = lse[static_cast<size_t>((b * H + h) * rows + i)];
+        double s = 0.0;
+        for (int64_t d = 0; d < D; ++d) s += double(qi[d]) * double(ki[d]);
+        const double w = std::exp(s * dims.scale - double(l));
+        if (w >= 1.0 - 1e-6) continue;  // left alone: the check must fail on rows that see many keys
+        for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<float>((double(oi[d]) - w * double(vi[d])) / (1.0 - w));
+        l = static_cast<float>(double(l) + std::log1p(-w));
+      }
+    }
 }
 
 }  // namespace ringattn

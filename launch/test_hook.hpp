@@ -7,7 +7,13 @@
 // Unset, it does nothing.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "kernels/attention.hpp"
+#include "kernels/mask/mask.hpp"
+#include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
@@ -35,6 +41,42 @@ class TestHook {
   bool at_write_ = false;
   mutable int steps_done_ = 0;
   mutable bool fired_ = false;
+};
+
+// A second test hook, for the tests of --check only: RINGATTN_TEST_FAULT=KIND makes the job
+// compute something slightly wrong while --check judges it against the true inputs, mask and scale,
+// so that the tests show the check fails (exit 3) on the errors it exists to catch:
+//   output-element       adds 2^-13 to the first element of O at the last position (always sampled)
+//   window-off-by-one    the job's window one key wider on the left (needs --window)
+//   document-off-by-one  the job's first document boundary one position later (needs 2+ documents)
+//   causal-diagonal      each row's own key taken out of its softmax (O and LSE), as a causal mask
+//                        written j < i would compute (needs --causal)
+//   softmax-scale        the job's scale times 1 + 2^-10
+//   gqa-head             K and V heads 0 and 1 swapped in what the job computes (needs 2+ kv heads)
+// Unset, nothing changes.
+class TestFault {
+ public:
+  static constexpr const char* kVariable = "RINGATTN_TEST_FAULT";
+  enum class Kind { none, output_element, window_off_by_one, document_off_by_one, causal_diagonal, softmax_scale, gqa_head };
+
+  // Reads the variable; throws UsageError naming it when it is unknown.
+  static TestFault from_environment();
+  bool active() const { return kind_ != Kind::none; }
+
+  // What the ring computes with (UsageError when the fault does not apply to the job).
+  Mask ring_mask(const Mask& mask) const;
+  kernels::AttentionDims ring_dims(kernels::AttentionDims dims) const;
+  // K or V rows (B, rows, Hkv, D) as fed to the ring: true when they differ from `rows`, then in `faulty`.
+  bool ring_rows(const std::vector<float>& rows, bool key_or_value, const kernels::AttentionDims& dims,
+                 std::vector<float>& faulty) const;
+  // The forward results as the check sees them, given this rank's true inputs (host fp32, rows at
+  // `pos`): o (B, rows, H, D) and lse (B, H, rows) are changed in place.
+  bool changes_outputs() const { return kind_ == Kind::output_element || kind_ == Kind::causal_diagonal; }
+  void outputs(const ShardLayout& layout, int rank, const Mask& mask, const kernels::AttentionDims& dims,
+               const float* q, const float* k, const float* v, std::vector<float>& o, std::vector<float>& lse) const;
+
+ private:
+  Kind kind_ = Kind::none;
 };
 
 }  // namespace ringattn

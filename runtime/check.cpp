@@ -14,16 +14,17 @@ namespace ringattn {
 
 namespace {
 
-// Tolerances, relative to the largest reference magnitude of each tensor. fp32 arithmetic
-// rounds each score s by about |s| * 2^-24, and the softmax turns that into a relative error of
-// the same size in every probability, so the bound grows with the largest |score| (|s| ~ 1e4
-// gives errors ~1e-3 in any fp32 implementation); kRelTol covers ordinary inputs.
-constexpr double kRelTol = 1e-4;
-constexpr double kScoreRounding = 4.0 * 5.96e-8;  // 4 x fp32 epsilon (2^-24) per unit of |score|
-constexpr double kAbsTol = 1e-6;
-
 using comm::DataType;
 using comm::ReduceOp;
+using kernels::SamePrecision;
+using kernels::TensorError;
+
+// Rows of queries recomputed at once for the dK/dV reference (each chunk is shared with every rank).
+constexpr int64_t kChunkRows = 256;
+// The dK/dV reference recomputes fp64 LSE and delta within max(kRecomputeFactor x the forward
+// check's multiply-adds, kRecomputeFloor).
+constexpr double kRecomputeFactor = 16.0;
+constexpr double kRecomputeFloor = double(int64_t{1} << 30);
 
 std::vector<int64_t> sample_positions(int64_t L, int samples, uint64_t seed) {
   std::set<int64_t> s{0, L - 1};
@@ -32,7 +33,7 @@ std::vector<int64_t> sample_positions(int64_t L, int samples, uint64_t seed) {
   return {s.begin(), s.end()};
 }
 
-// Every rank gets the sampled rows of a (B, rows, width) tensor: owners fill, the rest add zeros.
+// Every rank gets the rows at `pos` of a (B, rows, width) tensor: owners fill, the rest add zeros.
 std::vector<float> share_rows(comm::Communicator& comm, const ShardLayout& layout, const float* local, int64_t B,
                               int64_t rows, int64_t width, const std::vector<int64_t>& pos) {
   const int64_t S = static_cast<int64_t>(pos.size());
@@ -47,167 +48,321 @@ std::vector<float> share_rows(comm::Communicator& comm, const ShardLayout& layou
   return out;
 }
 
-// Max |got - ref| over the sampled rows this rank owns; ref is (B, S, width), got (B, rows, width).
-double owned_error(comm::Communicator& comm, const ShardLayout& layout, const float* got, const double* ref,
-                   int64_t B, int64_t rows, int64_t width, const std::vector<int64_t>& pos) {
+// Merges every rank's partial state (O normalised over its keys, LSE) of S rows, in T arithmetic:
+// the fp64 reference in double, the same-precision one in float, as the ring merges.
+template <class T>
+void merge_partial_states(comm::Communicator& comm, int64_t B, int64_t S, int64_t H, int64_t D, std::vector<T>& o,
+                          std::vector<T>& lse) {
+  const DataType type = sizeof(T) == 8 ? DataType::f64 : DataType::f32;
+  std::vector<T> m = lse;
+  comm.allreduce(m.data(), m.size(), type, ReduceOp::max);
+  std::vector<T> weight(lse.size());
+  for (size_t i = 0; i < lse.size(); ++i) weight[i] = std::isinf(m[i]) ? T(0) : std::exp(lse[i] - m[i]);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(((b * S + s) * H + h) * D + d)] *= weight[static_cast<size_t>((b * H + h) * S + s)];
+  comm.allreduce(o.data(), o.size(), type, ReduceOp::sum);
+  comm.allreduce(weight.data(), weight.size(), type, ReduceOp::sum);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const size_t li = static_cast<size_t>((b * H + h) * S + s);
+        const T w = weight[li];
+        lse[li] = w > T(0) ? m[li] + std::log(w) : -std::numeric_limits<T>::infinity();
+        for (int64_t d = 0; d < D; ++d) {
+          T& x = o[static_cast<size_t>(((b * S + s) * H + h) * D + d)];
+          x = w > T(0) ? x / w : T(0);
+        }
+      }
+}
+
+// Forward results of shared query rows `qs` at `pos` over the whole sequence, in fp64 and in the
+// same precision; every rank ends with both.
+struct RowStates {
+  std::vector<double> o, lse, delta;
+  std::vector<float> o32, lse32, delta32;
+};
+
+struct Shard {
+  const ShardLayout& layout;
+  const MaskView& mask;
+  const kernels::AttentionDims& dims;
+  const CheckTensors& local;
+  std::vector<int64_t> positions;
+  int64_t rows;
+  SamePrecision precision;
+};
+
+RowStates forward_states(comm::Communicator& comm, const Shard& sh, const std::vector<float>& qs,
+                         const std::vector<int64_t>& pos) {
+  const int64_t B = sh.dims.batch, H = sh.dims.heads, D = sh.dims.head_dim, S = static_cast<int64_t>(pos.size());
+  RowStates r;
+  r.o.resize(static_cast<size_t>(B * S * H * D)), r.lse.resize(static_cast<size_t>(B * H * S));
+  r.o32.resize(r.o.size()), r.lse32.resize(r.lse.size());
+  kernels::reference_forward(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(), sh.rows,
+                             sh.mask, r.o.data(), r.lse.data());
+  kernels::naive_forward_fp32(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(),
+                              sh.rows, sh.mask, r.o32.data(), r.lse32.data(), sh.precision);
+  merge_partial_states(comm, B, S, H, D, r.o, r.lse);
+  merge_partial_states(comm, B, S, H, D, r.o32, r.lse32);
+  return r;
+}
+
+// delta = rowsum(dO * O) in both precisions, (B, H, S) from O and dO (B, S, H, D).
+void add_deltas(const kernels::AttentionDims& dims, int64_t S, const std::vector<float>& dos, RowStates& r) {
+  const int64_t B = dims.batch, H = dims.heads, D = dims.head_dim;
+  r.delta.assign(static_cast<size_t>(B * H * S), 0.0), r.delta32.assign(r.delta.size(), 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        double acc = 0.0;
+        float acc32 = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t e = static_cast<size_t>(((b * S + s) * H + h) * D + d);
+          acc += r.o[e] * double(dos[e]);
+          acc32 += r.o32[e] * dos[e];
+        }
+        r.delta[static_cast<size_t>((b * H + h) * S + s)] = acc;
+        r.delta32[static_cast<size_t>((b * H + h) * S + s)] = acc32;
+      }
+}
+
+// The rule's inputs over the rows at `pos` this rank owns, reduced over ranks; ref and same are
+// (B, S, width), got (B, rows, width).
+TensorError owned_error(comm::Communicator& comm, const ShardLayout& layout, const float* got, const double* ref,
+                        const float* same, int64_t B, int64_t rows, int64_t width, const std::vector<int64_t>& pos) {
   const int64_t S = static_cast<int64_t>(pos.size());
-  double err = 0.0;
+  TensorError e;
   for (int64_t s = 0; s < S; ++s) {
     const ShardLayout::Location at = layout.locate(pos[s]);
     if (at.rank != comm.rank()) continue;
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t e = 0; e < width; ++e) {
-        const double g = got[(b * rows + at.row) * width + e], r = ref[(b * S + s) * width + e];
-        if (std::isinf(r) && g == r) continue;  // both -inf: a row that sees no key
-        err = std::max(err, std::isfinite(g) ? std::abs(g - r) : std::numeric_limits<double>::infinity());
+      for (int64_t x = 0; x < width; ++x) {
+        const size_t i = static_cast<size_t>((b * S + s) * width + x);
+        e.add(got[(b * rows + at.row) * width + x], same[i], ref[i]);
       }
   }
-  comm.allreduce(&err, 1, DataType::f64, ReduceOp::max);
-  return err;
+  double v[3] = {e.error, e.baseline, e.scale};
+  comm.allreduce(v, 3, DataType::f64, ReduceOp::max);
+  e.error = v[0], e.baseline = v[1], e.scale = v[2];
+  return e;
 }
 
-double max_abs(const std::vector<double>& x) {
-  double m = 0.0;
-  for (double e : x)
-    if (std::isfinite(e)) m = std::max(m, std::abs(e));
-  return m;
+// Visible keys of the query at position i (an upper bound under a block mask).
+int64_t keys_seen(const MaskView& mv, int64_t i, int64_t L) {
+  const PosRange r = key_range(mv, i);
+  return std::max<int64_t>(0, std::min(r.hi, L - 1) - std::max<int64_t>(r.lo, 0) + 1);
 }
 
-// kRelTol of the reference's size, plus the score rounding carried by terms of size `terms`
-// (the sum of |terms| that make up each value: a value that cancels to ~0 keeps their rounding).
-double tolerance(const std::vector<double>& ref, double terms, double max_abs_score) {
-  return kRelTol * max_abs(ref) + kScoreRounding * max_abs_score * terms + kAbsTol;
+// dK, dV of the sampled keys at `keys` (B, K, Hkv, D), in fp64 and the same precision, summed over
+// every query that sees them, their LSE and delta recomputed in chunks of kChunkRows queries
+// (each chunk's rows shared, its states merged, then each rank takes every P-th row).
+struct KeyGrads {
+  std::vector<double> dk, dv;
+  std::vector<float> dk32, dv32;
+};
+
+KeyGrads recomputed_key_grads(comm::Communicator& comm, const Shard& sh, const std::vector<int64_t>& keys,
+                              const std::vector<float>& ks, const std::vector<float>& vs) {
+  const int64_t B = sh.dims.batch, H = sh.dims.heads, Hkv = sh.dims.kv_heads, D = sh.dims.head_dim;
+  const int64_t L = sh.layout.seq_len(), K = static_cast<int64_t>(keys.size());
+  KeyGrads g;
+  g.dk.assign(static_cast<size_t>(B * K * Hkv * D), 0.0), g.dv.assign(g.dk.size(), 0.0);
+  g.dk32.assign(g.dk.size(), 0.0f), g.dv32.assign(g.dk.size(), 0.0f);
+  // The queries that see any of the keys: a union of intervals.
+  std::vector<PosRange> spans;
+  for (int64_t j : keys) {
+    const PosRange r = query_range(sh.mask, j);
+    if (std::max<int64_t>(r.lo, 0) <= std::min(r.hi, L - 1)) spans.push_back({std::max<int64_t>(r.lo, 0), std::min(r.hi, L - 1)});
+  }
+  std::sort(spans.begin(), spans.end(), [](PosRange a, PosRange b) { return a.lo < b.lo; });
+  std::vector<int64_t> chunk;
+  size_t next_span = 0;
+  int64_t next = spans.empty() ? 0 : spans[0].lo;
+  auto fill_chunk = [&] {
+    chunk.clear();
+    while (next_span < spans.size() && static_cast<int64_t>(chunk.size()) < kChunkRows) {
+      if (next > spans[next_span].hi) {
+        if (++next_span < spans.size()) next = std::max(next, spans[next_span].lo);
+        continue;
+      }
+      chunk.push_back(next++);
+    }
+  };
+  // Every rank walks the same chunks (the spans are computed alike everywhere).
+  for (fill_chunk(); !chunk.empty(); fill_chunk()) {
+    const int64_t C = static_cast<int64_t>(chunk.size());
+    const std::vector<float> qc = share_rows(comm, sh.layout, sh.local.q, B, sh.rows, H * D, chunk);
+    const std::vector<float> dc = share_rows(comm, sh.layout, sh.local.dout, B, sh.rows, H * D, chunk);
+    RowStates st = forward_states(comm, sh, qc, chunk);
+    add_deltas(sh.dims, C, dc, st);
+    // This rank's share of the chunk's rows, packed.
+    std::vector<int64_t> mine;
+    for (int64_t c = comm.rank(); c < C; c += comm.size()) mine.push_back(c);
+    const int64_t n = static_cast<int64_t>(mine.size());
+    if (n == 0) continue;
+    std::vector<int64_t> p(static_cast<size_t>(n));
+    std::vector<float> q(static_cast<size_t>(B * n * H * D)), d(q.size()), lse32(static_cast<size_t>(B * H * n)),
+        delta32(lse32.size());
+    std::vector<double> lse(lse32.size()), delta(lse32.size());
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t c = mine[static_cast<size_t>(t)];
+      p[static_cast<size_t>(t)] = chunk[static_cast<size_t>(c)];
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(&qc[static_cast<size_t>((b * C + c) * H * D)], H * D, &q[static_cast<size_t>((b * n + t) * H * D)]);
+        std::copy_n(&dc[static_cast<size_t>((b * C + c) * H * D)], H * D, &d[static_cast<size_t>((b * n + t) * H * D)]);
+        for (int64_t h = 0; h < H; ++h) {
+          const size_t from = static_cast<size_t>((b * H + h) * C + c), to = static_cast<size_t>((b * H + h) * n + t);
+          lse[to] = st.lse[from], delta[to] = st.delta[from];
+          lse32[to] = st.lse32[from], delta32[to] = st.delta32[from];
+        }
+      }
+    }
+    kernels::reference_backward(sh.dims, q.data(), p.data(), n, ks.data(), vs.data(), keys.data(), K, d.data(),
+                                lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data());
+    kernels::naive_backward_fp32(sh.dims, q.data(), p.data(), n, ks.data(), vs.data(), keys.data(), K, d.data(),
+                                 lse32.data(), delta32.data(), sh.mask, nullptr, g.dk32.data(), g.dv32.data(),
+                                 sh.precision);
+  }
+  return g;
+}
+
+// The same sums over this rank's own queries with the run's LSE and delta (for keys seen by more
+// queries than the check recomputes).
+KeyGrads run_lse_key_grads(const Shard& sh, const std::vector<int64_t>& keys, const std::vector<float>& ks,
+                           const std::vector<float>& vs) {
+  const int64_t B = sh.dims.batch, H = sh.dims.heads, Hkv = sh.dims.kv_heads, D = sh.dims.head_dim;
+  const int64_t K = static_cast<int64_t>(keys.size()), rows = sh.rows;
+  KeyGrads g;
+  g.dk.assign(static_cast<size_t>(B * K * Hkv * D), 0.0), g.dv.assign(g.dk.size(), 0.0);
+  g.dk32.assign(g.dk.size(), 0.0f), g.dv32.assign(g.dk.size(), 0.0f);
+  std::vector<double> lse(static_cast<size_t>(B * H * rows)), delta(lse.size());
+  std::vector<float> delta32(lse.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < rows; ++i) {
+        const size_t li = static_cast<size_t>((b * H + h) * rows + i);
+        lse[li] = sh.local.lse[li];
+        double acc = 0.0;
+        float acc32 = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t e = static_cast<size_t>(((b * rows + i) * H + h) * D + d);
+          acc += double(sh.local.o[e]) * double(sh.local.dout[e]);
+          acc32 += sh.local.o[e] * sh.local.dout[e];
+        }
+        delta[li] = acc, delta32[li] = acc32;
+      }
+  kernels::reference_backward(sh.dims, sh.local.q, sh.positions.data(), rows, ks.data(), vs.data(), keys.data(), K,
+                              sh.local.dout, lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data());
+  kernels::naive_backward_fp32(sh.dims, sh.local.q, sh.positions.data(), rows, ks.data(), vs.data(), keys.data(), K,
+                               sh.local.dout, sh.local.lse, delta32.data(), sh.mask, nullptr, g.dk32.data(),
+                               g.dv32.data(), sh.precision);
+  return g;
 }
 
 }  // namespace
 
-bool CheckReport::passed() const {
-  bool ok = err_o <= tol_o && err_lse <= tol_lse;
-  if (backward) ok = ok && err_dq <= tol_dq && err_dk <= tol_dk && err_dv <= tol_dv;
-  return ok;
+bool CheckReport::passed() const { return wrong() == 0; }
+
+int CheckReport::wrong() const {
+  int n = !o.passed() + !lse.passed();
+  if (backward) n += !dq.passed() + !dk.passed() + !dv.passed();
+  return n;
 }
 
 double CheckReport::max_abs_err() const {
-  double m = std::max(err_o, err_lse);
-  if (backward) m = std::max({m, err_dq, err_dk, err_dv});
+  double m = std::max(o.error, lse.error);
+  if (backward) m = std::max({m, dq.error, dk.error, dv.error});
   return m;
 }
 
 std::string CheckReport::describe() const {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, "o %.2e (tol %.1e), lse %.2e (tol %.1e)", err_o, tol_o, err_lse, tol_lse);
-  if (backward)
-    std::snprintf(buf + n, sizeof buf - n, ", dq %.2e (tol %.1e), dk %.2e (tol %.1e), dv %.2e (tol %.1e)", err_dq,
-                  tol_dq, err_dk, tol_dk, err_dv, tol_dv);
-  return buf;
+  std::string out;
+  auto one = [&](const char* name, const TensorError& e) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%s %.2e (bound %.1e)", out.empty() ? "" : ", ", name, e.error, e.bound());
+    out += buf;
+  };
+  one("o", o), one("lse", lse);
+  if (backward) {
+    one("dq", dq), one("dk", dk), one("dv", dv);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "; dk, dv of %d keys, %d with fp64 LSE", samples, keys_recomputed);
+    out += buf;
+  }
+  return out;
 }
 
 CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layout, const Mask& mask,
                                const kernels::AttentionDims& dims, const CheckTensors& local, bool backward,
-                               int samples, uint64_t seed) {
+                               int samples, uint64_t seed, SamePrecision precision) {
   const MaskView mv = mask.view();
-  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
-  const int64_t rows = layout.rows(comm.rank());
-  const std::vector<int64_t> local_pos = layout.positions(comm.rank());
-  const std::vector<int64_t> pos = sample_positions(layout.seq_len(), samples, seed);
+  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, L = layout.seq_len();
+  const Shard sh{layout, mv, dims, local, layout.positions(comm.rank()), layout.rows(comm.rank()), precision};
+  const int64_t rows = sh.rows;
+  const std::vector<int64_t> pos = sample_positions(L, samples, seed);
   const int64_t S = static_cast<int64_t>(pos.size());
   CheckReport rep;
   rep.samples = static_cast<int>(S);
   rep.backward = backward;
 
-  // Forward: fp64 partial states of the sampled queries against this rank's keys, merged.
+  // Forward: partial states of the sampled queries against this rank's keys, merged.
   const std::vector<float> qs = share_rows(comm, layout, local.q, B, rows, H * D, pos);
-  std::vector<double> o(static_cast<size_t>(B * S * H * D)), lse(static_cast<size_t>(B * H * S));
-  double max_score = 0.0;
-  kernels::reference_forward(dims, qs.data(), pos.data(), S, local.k, local.v, local_pos.data(), rows, mv, o.data(),
-                             lse.data(), &max_score);
-  comm.allreduce(&max_score, 1, DataType::f64, ReduceOp::max);
-  // O is a weighted mean of V rows: its terms are bounded by max |V|.
-  double max_v = 0.0;
-  for (int64_t e = 0; e < B * rows * Hkv * D; ++e) max_v = std::max(max_v, double(std::abs(local.v[e])));
-  comm.allreduce(&max_v, 1, DataType::f64, ReduceOp::max);
-  std::vector<double> m = lse;
-  comm.allreduce(m.data(), m.size(), DataType::f64, ReduceOp::max);
-  std::vector<double> weight(lse.size());
-  for (size_t i = 0; i < lse.size(); ++i) weight[i] = std::isinf(m[i]) ? 0.0 : std::exp(lse[i] - m[i]);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(((b * S + s) * H + h) * D + d)] *= weight[static_cast<size_t>((b * H + h) * S + s)];
-  comm.allreduce(o.data(), o.size(), DataType::f64, ReduceOp::sum);
-  comm.allreduce(weight.data(), weight.size(), DataType::f64, ReduceOp::sum);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < S; ++s) {
-        const size_t li = static_cast<size_t>((b * H + h) * S + s);
-        const double w = weight[li];
-        lse[li] = w > 0.0 ? m[li] + std::log(w) : -std::numeric_limits<double>::infinity();
-        for (int64_t d = 0; d < D; ++d) {
-          double& x = o[static_cast<size_t>(((b * S + s) * H + h) * D + d)];
-          x = w > 0.0 ? x / w : 0.0;
-        }
-      }
-  rep.err_o = owned_error(comm, layout, local.o, o.data(), B, rows, H * D, pos);
-  rep.tol_o = tolerance(o, max_v, max_score);
+  RowStates st = forward_states(comm, sh, qs, pos);
+  rep.o = owned_error(comm, layout, local.o, st.o.data(), st.o32.data(), B, rows, H * D, pos);
   // LSE (B, H, rows) compared as (B*H, rows, 1).
-  rep.err_lse = owned_error(comm, layout, local.lse, lse.data(), B * H, rows, 1, pos);
-  rep.tol_lse = tolerance(lse, 1.0, max_score);
+  rep.lse = owned_error(comm, layout, local.lse, st.lse.data(), st.lse32.data(), B * H, rows, 1, pos);
   if (!backward) return rep;
 
-  // dQ of the sampled queries: fp64 gradients through this rank's keys, summed over ranks.
+  // dQ of the sampled queries: gradients through this rank's keys, summed over ranks.
   const std::vector<float> dos = share_rows(comm, layout, local.dout, B, rows, H * D, pos);
-  std::vector<double> delta(static_cast<size_t>(B * H * S));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h) {
-        double acc = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = static_cast<size_t>(((b * S + s) * H + h) * D + d);
-          acc += o[e] * double(dos[e]);
-        }
-        delta[static_cast<size_t>((b * H + h) * S + s)] = acc;
-      }
-  std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0), dq_terms(dq.size(), 0.0);
-  {
-    const kernels::GradientMagnitudes terms{dq_terms.data(), nullptr, nullptr};
-    kernels::reference_backward(dims, qs.data(), pos.data(), S, local.k, local.v, local_pos.data(), rows,
-                                dos.data(), lse.data(), delta.data(), mv, dq.data(), nullptr, nullptr, &terms);
-  }
+  add_deltas(dims, S, dos, st);
+  std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0);
+  std::vector<float> dq32(dq.size(), 0.0f);
+  kernels::reference_backward(dims, qs.data(), pos.data(), S, local.k, local.v, sh.positions.data(), rows, dos.data(),
+                              st.lse.data(), st.delta.data(), mv, dq.data(), nullptr, nullptr);
+  kernels::naive_backward_fp32(dims, qs.data(), pos.data(), S, local.k, local.v, sh.positions.data(), rows,
+                               dos.data(), st.lse32.data(), st.delta32.data(), mv, dq32.data(), nullptr, nullptr,
+                               precision);
   comm.allreduce(dq.data(), dq.size(), DataType::f64, ReduceOp::sum);
-  comm.allreduce(dq_terms.data(), dq_terms.size(), DataType::f64, ReduceOp::sum);
-  rep.err_dq = owned_error(comm, layout, local.dq, dq.data(), B, rows, H * D, pos);
-  rep.tol_dq = tolerance(dq, max_abs(dq_terms), max_score);
+  comm.allreduce(dq32.data(), dq32.size(), DataType::f32, ReduceOp::sum);
+  rep.dq = owned_error(comm, layout, local.dq, dq.data(), dq32.data(), B, rows, H * D, pos);
 
-  // dK, dV of the sampled keys: every rank's queries contribute, with the run's LSE and delta.
-  const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, pos);
-  const std::vector<float> vs = share_rows(comm, layout, local.v, B, rows, Hkv * D, pos);
-  std::vector<double> my_lse(static_cast<size_t>(B * H * rows)), my_delta(my_lse.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < rows; ++i) {
-        const size_t li = static_cast<size_t>((b * H + h) * rows + i);
-        my_lse[li] = local.lse[li];
-        double acc = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = static_cast<size_t>(((b * rows + i) * H + h) * D + d);
-          acc += double(local.o[e]) * double(local.dout[e]);
-        }
-        my_delta[li] = acc;
-      }
-  std::vector<double> dk(static_cast<size_t>(B * S * Hkv * D), 0.0), dv(dk.size(), 0.0);
-  std::vector<double> dk_terms(dk.size(), 0.0), dv_terms(dk.size(), 0.0);
-  {
-    const kernels::GradientMagnitudes terms{nullptr, dk_terms.data(), dv_terms.data()};
-    kernels::reference_backward(dims, local.q, local_pos.data(), rows, ks.data(), vs.data(), pos.data(), S,
-                                local.dout, my_lse.data(), my_delta.data(), mv, nullptr, dk.data(), dv.data(),
-                                &terms);
+  // dK, dV of the sampled keys. Those whose queries' LSE the budget allows to recompute, cheapest
+  // first (the cost of a key: the keys seen by each query that sees it).
+  double forward_pairs = 0.0;
+  for (int64_t i : pos) forward_pairs += double(keys_seen(mv, i, L));
+  const double budget = std::max(kRecomputeFactor * forward_pairs, kRecomputeFloor / double(B * H * D));
+  std::vector<std::pair<double, int64_t>> cost;
+  for (int64_t j : pos) {
+    const PosRange r = query_range(mv, j);
+    double c = 0.0;
+    for (int64_t i = std::max<int64_t>(r.lo, 0); i <= std::min(r.hi, L - 1) && c <= budget; ++i) c += double(keys_seen(mv, i, L));
+    cost.emplace_back(c, j);
   }
-  for (std::vector<double>* x : {&dk, &dv, &dk_terms, &dv_terms})
-    comm.allreduce(x->data(), x->size(), DataType::f64, ReduceOp::sum);
-  rep.err_dk = owned_error(comm, layout, local.dk, dk.data(), B, rows, Hkv * D, pos);
-  rep.err_dv = owned_error(comm, layout, local.dv, dv.data(), B, rows, Hkv * D, pos);
-  rep.tol_dk = tolerance(dk, max_abs(dk_terms), max_score);
-  rep.tol_dv = tolerance(dv, max_abs(dv_terms), max_score);
+  std::sort(cost.begin(), cost.end());
+  std::vector<int64_t> recomputed, trusted;
+  double spent = 0.0;
+  for (const auto& [c, j] : cost) {
+    if (spent + c <= budget) spent += c, recomputed.push_back(j);
+    else trusted.push_back(j);
+  }
+  std::sort(recomputed.begin(), recomputed.end());
+  std::sort(trusted.begin(), trusted.end());
+  rep.keys_recomputed = static_cast<int>(recomputed.size());
+  auto judge = [&](const std::vector<int64_t>& keys, bool recompute) {
+    if (keys.empty()) return;
+    const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, keys);
+    const std::vector<float> vs = share_rows(comm, layout, local.v, B, rows, Hkv * D, keys);
+    KeyGrads g = recompute ? recomputed_key_grads(comm, sh, keys, ks, vs) : run_lse_key_grads(sh, keys, ks, vs);
+    for (std::vector<double>* x : {&g.dk, &g.dv}) comm.allreduce(x->data(), x->size(), DataType::f64, ReduceOp::sum);
+    for (std::vector<float>* x : {&g.dk32, &g.dv32}) comm.allreduce(x->data(), x->size(), DataType::f32, ReduceOp::sum);
+    rep.dk.merge(owned_error(comm, layout, local.dk, g.dk.data(), g.dk32.data(), B, rows, Hkv * D, keys));
+    rep.dv.merge(owned_error(comm, layout, local.dv, g.dv.data(), g.dv32.data(), B, rows, Hkv * D, keys));
+  };
+  judge(recomputed, true);
+  judge(trusted, false);
   return rep;
 }
 

@@ -3,8 +3,11 @@
 // rank; each rank computes their fp64 partial results against its own shard; partial states are
 // merged across ranks (max, then weighted sums) and the owner of each row compares.
 // Forward: O and LSE of sampled queries. Backward: dQ of sampled queries (against fp64 LSE and
-// delta), and dK, dV of sampled keys (their sums over every rank's queries use the run's own
-// LSE and delta = rowsum(dO * O), already checked on the sampled rows).
+// delta), and dK, dV of sampled keys, summed over every query that sees them with fp64 LSE and
+// delta = rowsum(dO * O) recomputed here for those queries (distributed the same way, in chunks)
+// as long as that costs at most max(16 x the forward check, 2^30 multiply-adds); keys seen by more
+// (in full causal attention, keys far from the end) use the run's LSE and delta, which the forward
+// check verified on the sampled rows. Every tensor is judged by kernels/error_rule.hpp.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,8 @@
 
 #include "comm/communicator.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/error_rule.hpp"
+#include "kernels/reference.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/shard_layout.hpp"
 
@@ -31,17 +36,22 @@ struct CheckTensors {
 };
 
 struct CheckReport {
-  int samples = 0;
-  double err_o = 0, err_lse = 0, err_dq = 0, err_dk = 0, err_dv = 0;  // max abs errors
-  double tol_o = 0, tol_lse = 0, tol_dq = 0, tol_dk = 0, tol_dv = 0;
+  int samples = 0;          // sampled query rows (O, LSE, dQ) and key rows (dK, dV)
+  int keys_recomputed = 0;  // sampled keys whose dK/dV reference used fp64 LSE and delta recomputed here
   bool backward = false;
+  // Each tensor by kernels/error_rule.hpp: the run's error, the same-precision error, the bound.
+  kernels::TensorError o, lse, dq, dk, dv;
   bool passed() const;
+  int wrong() const;  // tensors over their bound
   double max_abs_err() const;
-  std::string describe() const;  // "o 1.2e-07 (tol 1e-04), lse ..."
+  std::string describe() const;  // "o 1.2e-07 (bound 4.0e-07), lse ..."
 };
 
+// `precision` is how the kernels that ran compute (kernels/reference.hpp): the same-precision
+// reference is computed that way, distributed like the fp64 one (each rank's partial, merged).
 CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layout, const Mask& mask,
                                const kernels::AttentionDims& dims, const CheckTensors& local, bool backward,
-                               int samples, uint64_t seed);
+                               int samples, uint64_t seed,
+                               kernels::SamePrecision precision = kernels::SamePrecision::fp32);
 
 }  // namespace ringattn

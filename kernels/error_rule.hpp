@@ -1,0 +1,53 @@
+// The one rule by which every check in ringattn judges a result (the job's --check, `bench`,
+// `bench --kernel`, the GPU benchmark), FlashAttention's: the same quantity is computed in fp64
+// and again in the kernel's own precision (fp32; bf16 inputs with fp32 accumulation; bf16-rounded
+// P and dS for the tensor-core kernels), and the kernel passes when its error against fp64 is at
+// most kErrorFactor times that same-precision error, plus a floor of a few fp32 units of the
+// tensor's size (for tensors that both compute exactly). A wrong mask, scale or head mapping
+// moves every affected row by far more than rounding does, so the bound must follow rounding.
+//
+// Errors are maxima over the checked elements of one tensor (O, LSE, dQ, dK or dV), as in
+// FlashAttention's tests; a NaN, or an infinity where fp64 has none, always fails.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ringattn::kernels {
+
+// Measured (README, --check): blocked kernels' errors are 0.2x to 1.3x those of the plain
+// sequential fp32 computation over masks, dtypes, GQA and layouts; 4x leaves room for summation
+// orders while a one-key mask error at thousands of keys is still 10x to 100x over the bound.
+inline constexpr double kErrorFactor = 4.0;
+// 2^-20 (16 fp32 units of rounding) of the tensor's largest |fp64 value|.
+inline constexpr double kErrorFloor = 1.0 / (1 << 20);
+
+struct TensorError {
+  double error = 0.0;     // max |kernel - fp64|
+  double baseline = 0.0;  // max |same precision - fp64|
+  double scale = 0.0;     // max |fp64|, finite values
+
+  // One element: the kernel's value, the same-precision value and the fp64 value. A row that
+  // sees no key has LSE -inf in fp64; the others must say so too.
+  void add(double kernel, double same_precision, double reference) {
+    if (std::isinf(reference)) {
+      if (kernel != reference) error = std::numeric_limits<double>::infinity();
+      return;
+    }
+    scale = std::max(scale, std::abs(reference));
+    error = std::max(error, std::isfinite(kernel) ? std::abs(kernel - reference) : std::numeric_limits<double>::infinity());
+    if (std::isfinite(same_precision)) baseline = std::max(baseline, std::abs(same_precision - reference));
+  }
+  void merge(const TensorError& other) {
+    error = std::max(error, other.error);
+    baseline = std::max(baseline, other.baseline);
+    scale = std::max(scale, other.scale);
+  }
+  double bound() const { return kErrorFactor * baseline + kErrorFloor * scale + 1e-30; }
+  bool passed() const { return error <= bound(); }  // false for NaN
+  // error / bound: above 1 fails.
+  double ratio() const { return error / bound(); }
+};
+
+}  // namespace ringattn::kernels
