@@ -16,10 +16,11 @@
 
 namespace ringattn::kernels {
 
-// Measured (README, --check): blocked kernels' errors are 0.2x to 1.3x those of the plain
-// sequential fp32 computation over masks, dtypes, GQA and layouts; 4x leaves room for summation
-// orders while a one-key mask error at thousands of keys is still 10x to 100x over the bound.
-inline constexpr double kErrorFactor = 4.0;
+// Measured (README, --check): over 10 shapes and masks x fp32/bf16, the kernels' error is 0.45x to
+// 2.6x that of the plain sequential fp32 computation (per tensor, max over 32 sampled rows). 8x
+// leaves 3x for other seeds and summation orders, while one wrong key among 4096 is still ~20x
+// (a 1e-4 change of one output) to ~1000x (a window or diagonal one key off) over the bound.
+inline constexpr double kErrorFactor = 8.0;
 // 2^-20 (16 fp32 units of rounding) of the tensor's largest |fp64 value|.
 inline constexpr double kErrorFloor = 1.0 / (1 << 20);
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_cpu.hpp"
-#include "kernels/reference.hpp"
+#include "kernels/sampled_check.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
 #include "launch/json.hpp"
@@ -220,49 +220,13 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
           if (it) tb.push_back(now() - t0);
         }
 
-        // The benchmark is also a test: sampled rows against fp64 (O, LSE, dQ of 8 queries; dK, dV of 8 keys).
-        std::vector<int64_t> sample = {0, 1, L / 3, L / 2, L - 2, L - 1, 7 % L, (L * 5) / 7};
-        const int64_t S = int64_t(sample.size());
-        auto gather = [&](const std::vector<float>& src) {
-          std::vector<float> out(size_t(S * H * D));
-          for (int64_t s = 0; s < S; ++s) std::copy_n(&src[size_t(sample[s] * H * D)], H * D, &out[size_t(s * H * D)]);
-          return out;
-        };
-        const std::vector<float> qs = gather(q), ds = gather(dout), ks = gather(k), vs = gather(v);
-        std::vector<double> ro(size_t(S * H * D)), rl(size_t(H * S)), rd(rl.size()), rdq(ro.size(), 0.0);
-        kernels::reference_forward(kd, qs.data(), sample.data(), S, k.data(), v.data(), pos.data(), L, mv, ro.data(), rl.data());
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t h = 0; h < H; ++h) {
-            double acc = 0.0;
-            for (int64_t d = 0; d < D; ++d) acc += ro[size_t((s * H + h) * D + d)] * ds[size_t((s * H + h) * D + d)];
-            rd[size_t(h * S + s)] = acc;
-          }
-        {
-          kernels::reference_backward(kd, qs.data(), sample.data(), S, k.data(), v.data(), pos.data(), L, ds.data(),
-                                      rl.data(), rd.data(), mv, rdq.data(), nullptr, nullptr);
-        }
-        std::vector<double> rdk(ro.size(), 0.0), rdv(ro.size(), 0.0);
-        {
-          std::vector<double> all_lse(lse.begin(), lse.end()), all_delta(delta.begin(), delta.end());
-          kernels::reference_backward(kd, q.data(), pos.data(), L, ks.data(), vs.data(), sample.data(), S, dout.data(),
-                                      all_lse.data(), all_delta.data(), mv, nullptr, rdk.data(), rdv.data());
-        }
-        auto count_wrong = [&](const std::vector<float>& got, int64_t width, const std::vector<double>& ref) {
-          double scale = 0.0;
-          for (double x : ref) scale = std::max(scale, std::abs(x));
-          int wrong = 0;
-          for (int64_t s = 0; s < S; ++s)
-            for (int64_t e = 0; e < width; ++e) {
-              const double g = got[size_t(sample[s] * width + e)], r = ref[size_t(s * width + e)];
-              wrong += !(std::abs(g - r) <= 1e-4 * scale + 1e-6);
-            }
-          return wrong;
-        };
-        int fwd_wrong = count_wrong(o, H * D, ro);
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t h = 0; h < H; ++h)
-            fwd_wrong += !(std::abs(lse[size_t(h * L + sample[s])] - rl[size_t(h * S + s)]) <= 1e-4 * std::max(1.0, std::abs(rl[size_t(h * S + s)])));
-        const int bwd_wrong = count_wrong(dq, H * D, rdq) + count_wrong(dk, H * D, rdk) + count_wrong(dv, H * D, rdv);
+        // The benchmark is also a test: 8 sampled query rows (O, LSE, dQ) and key rows (dK, dV), judged
+        // by kernels/error_rule.hpp against fp64 and the same-precision reference.
+        const std::vector<int64_t> sample = {0, 1, L / 3, L / 2, L - 2, L - 1, 7 % L, (L * 5) / 7};
+        const kernels::SampledErrors errors = kernels::check_sampled_rows(
+            kernels::WholeProblem{kd, L, mv, q.data(), k.data(), v.data(), dout.data()},
+            kernels::KernelResults{o.data(), lse.data(), dq.data(), dk.data(), dv.data()}, sample);
+        const int fwd_wrong = errors.wrong_forward(), bwd_wrong = errors.wrong_backward();
         total_wrong += fwd_wrong + bwd_wrong;
 
         const std::string mname = causal ? "causal" : "none";

@@ -1,0 +1,47 @@
+// The sampled check of one process holding a whole problem (`bench --kernel`, the GPU benchmark),
+// by kernels/error_rule.hpp: O, LSE and dQ of sampled query rows, dK and dV of sampled key rows,
+// each against fp64 and against the same-precision reference. dK/dV use fp64 LSE and delta
+// recomputed for every query that sees the sampled keys, as long as that costs at most
+// kRecomputeMacs multiply-adds (cheapest keys first); keys seen by more use the kernel's LSE and
+// delta. (The distributed --check, runtime/check.hpp, does the same without gathering anything.)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention.hpp"
+#include "kernels/error_rule.hpp"
+#include "kernels/mask/mask_view.hpp"
+#include "kernels/reference.hpp"
+
+namespace ringattn::kernels {
+
+inline constexpr double kRecomputeMacs = double(int64_t{1} << 31);
+
+// Inputs as the kernel saw them (bf16 converted to fp32), positions 0..L-1; layouts of
+// kernels/attention.hpp with rows = L.
+struct WholeProblem {
+  AttentionDims dims;
+  int64_t seq_len = 0;
+  MaskView mask;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  SamePrecision precision = SamePrecision::fp32;
+};
+
+// The kernel's results; dq, dk, dv null when only the forward pass ran.
+struct KernelResults {
+  const float *o = nullptr, *lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
+struct SampledErrors {
+  TensorError o, lse, dq, dk, dv;
+  int keys_recomputed = 0;
+  int wrong_forward() const { return !o.passed() + !lse.passed(); }
+  int wrong_backward() const { return !dq.passed() + !dk.passed() + !dv.passed(); }
+};
+
+// `sample`: positions of the sampled query rows, also the sampled key rows.
+SampledErrors check_sampled_rows(const WholeProblem& problem, const KernelResults& got,
+                                 const std::vector<int64_t>& sample);
+
+}  // namespace ringattn::kernels
