@@ -2,8 +2,9 @@
 // the numbers launch/gpu-check.sh sets beside PyTorch's FlashAttention (bench_torch_sdpa.py).
 // Needs no MPI: the kernels are called directly, on one (B, L, H, D) problem per point.
 //
-// Like nccl-tests, the benchmark is also a test: inputs are seeded, sampled rows of O and LSE are
-// compared against an fp64 reference on the host, each row of the table carries a #wrong count,
+// Like nccl-tests, the benchmark is also a test: inputs are seeded, sampled rows of O, LSE, dQ, dK
+// and dV are judged on the host by kernels/error_rule.hpp (against fp64 and the same-precision
+// reference), each row of the table carries a #wrong count (tensors over their bound),
 // and a wrong result makes the run exit 3. Times are CUDA-event medians after warm-up; FLOPs are
 // counted as SPEC.md says (forward 4 B H D x visible pairs, backward 2.5 x that), never masked work.
 //
@@ -23,10 +24,11 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention_cuda.hpp"
-#include "kernels/reference.hpp"
+#include "kernels/sampled_check.hpp"
 #include "kernels/types.hpp"
 
 namespace {
@@ -233,40 +235,13 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
   });
   p.forward_tflops = flops_fwd / (p.forward_ms * 1e-3) / 1e12;
 
-  // Sampled rows of O and LSE against fp64 (batch 0, heads 0 and H-1).
+  // The forward results, for the check at the end.
   reset_state();
   kernels::cuda_attention_forward(dims, qr, kv, mask, kernels::AttentionState{o_buf.as<float>(), lse.as<float>()}, opt);
   check(cudaStreamSynchronize(stream), "forward");
   std::vector<float> o_host(n), lse_host(nl);
   check(cudaMemcpy(o_host.data(), o_buf.p, 4 * n, cudaMemcpyDeviceToHost), "download");
   check(cudaMemcpy(lse_host.data(), lse.p, 4 * nl, cudaMemcpyDeviceToHost), "download");
-  {
-    const std::vector<int64_t> rows = {0, 1, L / 3, L / 2 + 7, L - 2, L - 1};
-    std::vector<float> qs(rows.size() * size_t(H * D)), kf(size_t(L * H * D)), vf(size_t(L * H * D));
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t e = 0; e < H * D; ++e)
-        qs[r * size_t(H * D) + size_t(e)] = bits_value(q[size_t(rows[r] * H * D + e)], o.type);
-    for (size_t i = 0; i < kf.size(); ++i) kf[i] = bits_value(k[i], o.type), vf[i] = bits_value(v[i], o.type);
-    kernels::AttentionDims one = dims;
-    one.batch = 1;
-    std::vector<double> ro(qs.size()), rl(size_t(H) * rows.size());
-    kernels::reference_forward(one, qs.data(), rows.data(), int64_t(rows.size()), kf.data(), vf.data(),
-                               positions.data(), L, mask, ro.data(), rl.data());
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t h : {int64_t(0), H - 1}) {
-        bool bad = false;
-        for (int64_t d = 0; d < D; ++d) {
-          const double got = o_host[size_t((rows[r] * H + h) * D + d)],
-                       want = ro[(r * size_t(H) + size_t(h)) * size_t(D) + size_t(d)];
-          const double err = std::abs(got - want);
-          p.max_abs_err = std::max(p.max_abs_err, std::isfinite(got) ? err : INFINITY);
-          bad = bad || !(err <= 2e-2);  // bf16 P in the product: errors ~1e-3; a wrong row is O(1)
-        }
-        const double lerr = std::abs(double(lse_host[size_t(h * L + rows[r])]) - rl[size_t(h) * rows.size() + r]);
-        bad = bad || !(lerr <= 1e-3);
-        p.wrong += bad;
-      }
-  }
 
   if (o.backward) {
     kernels::cuda_attention_delta(dims, L, o_buf.as<float>(), ddo.p, o.type, delta.as<float>(), stream);
@@ -279,13 +254,34 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
                                        dk.as<float>(), dv.as<float>(), mask, opt);
     });
     p.backward_tflops = 2.5 * flops_fwd / (p.backward_ms * 1e-3) / 1e12;
-    std::vector<float> g(n);
-    check(cudaMemcpy(g.data(), dq.p, 4 * n, cudaMemcpyDeviceToHost), "download");
-    for (float x : g)
-      if (!std::isfinite(x)) {
-        ++p.wrong;
-        break;
+  }
+
+  // Sampled rows by kernels/error_rule.hpp: O, LSE, dQ of 6 queries and dK, dV of 6 keys against
+  // fp64 and the same-precision reference (the tensor-core kernels round P and dS to the input
+  // type: modelled as bf16, the coarser of bf16 and fp16).
+  {
+    std::vector<float> qf(n), kf(n), vf(n), df(n), dq_host, dk_host, dv_host;
+    for (size_t i = 0; i < n; ++i)
+      qf[i] = bits_value(q[i], o.type), kf[i] = bits_value(k[i], o.type), vf[i] = bits_value(v[i], o.type),
+      df[i] = bits_value(dout[i], o.type);
+    kernels::KernelResults got{o_host.data(), lse_host.data()};
+    if (o.backward) {
+      for (auto [buf, host] : {std::pair{&dq, &dq_host}, std::pair{&dk, &dk_host}, std::pair{&dv, &dv_host}}) {
+        host->resize(n);
+        check(cudaMemcpy(host->data(), buf->p, 4 * n, cudaMemcpyDeviceToHost), "download");
       }
+      got.dq = dq_host.data(), got.dk = dk_host.data(), got.dv = dv_host.data();
+    }
+    const kernels::SamePrecision precision = std::string(p.kernel) == "tensor_core"
+                                                 ? kernels::SamePrecision::bf16_products
+                                                 : kernels::SamePrecision::fp32;
+    const kernels::SampledErrors e = kernels::check_sampled_rows(
+        kernels::WholeProblem{dims, L, mask, qf.data(), kf.data(), vf.data(), o.backward ? df.data() : nullptr,
+                              precision},
+        got, {0, 1, L / 3, L / 2 + 7, L - 2, L - 1});
+    p.wrong = e.wrong_forward() + (o.backward ? e.wrong_backward() : 0);
+    p.max_abs_err = std::max(e.o.error, e.lse.error);
+    if (o.backward) p.max_abs_err = std::max({p.max_abs_err, e.dq.error, e.dk.error, e.dv.error});
   }
   return p;
 }
