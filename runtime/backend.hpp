@@ -54,6 +54,9 @@ class AttentionBackend {
     (void)mask;
     (void)max_rows;
   }
+  // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
+  // its transfers with it on the device; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 };

@@ -162,6 +162,8 @@ class CudaBackend final : public AttentionBackend {
 
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
 
+  void* native_stream() override { return stream_; }
+
   void prepare(const MaskView& mask, int64_t max_rows) override {
     const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(max_rows, 1));
     q_pos_.reserve(bytes);
