@@ -327,9 +327,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   if (comm->state) {
     State& s = *comm->state;
-    if (s.request != MPI_REQUEST_NULL && s.phase != State::duplicating) {
-      MPI_Request_free(&s.request);  // an unfinished exchange or barrier is let go
-    }
+    // An unfinished exchange or barrier is left to MPI (a collective's request cannot be freed).
     s.phase = State::aborted;  // queued work ends (receives cancelled) when next polled
   }
   delete comm;

@@ -41,7 +41,9 @@ inline void step_exchange(Communicator& c, int steps) {
     EXPECT_FALSE(handles[size_t(s)].valid());
     for (int part = 0; part < 2; ++part) {
       const size_t i = size_t(2 * s + part);
-      if (!in[i].empty()) EXPECT_TRUE(in[i] == payload(in[i].size(), previous, int(i))) << "step " << s << " part " << part;
+      if (!in[i].empty()) {
+        EXPECT_TRUE(in[i] == payload(in[i].size(), previous, int(i))) << "step " << s << " part " << part;
+      }
     }
   }
 }
