@@ -1,5 +1,7 @@
 #include "comm/communicator.hpp"
 
+#include <algorithm>
+
 namespace ringattn::comm {
 
 size_t data_type_size(DataType t) {
@@ -11,6 +13,30 @@ size_t data_type_size(DataType t) {
     case DataType::f64: return 8;
   }
   return 0;
+}
+
+StepHandle Communicator::post_step(std::span<const StepTransfer> transfers) {
+  std::vector<Request> requests;
+  requests.reserve(transfers.size());
+  // Receives first, so that every receive of the step is posted before its peers' sends arrive.
+  for (const StepTransfer& t : transfers)
+    if (t.kind == StepTransfer::Kind::recv) requests.push_back(irecv(t.buf, t.bytes, t.peer, kStepTag));
+  for (const StepTransfer& t : transfers)
+    if (t.kind == StepTransfer::Kind::send) requests.push_back(isend(t.buf, t.bytes, t.peer, kStepTag));
+  const StepHandle handle{steps_posted_++};
+  open_steps_.emplace_back(handle.id, std::move(requests));
+  return handle;
+}
+
+void Communicator::wait_step(StepHandle& step, const std::string& what) {
+  if (!step.valid()) return;
+  auto it = std::find_if(open_steps_.begin(), open_steps_.end(), [&](const auto& s) { return s.first == step.id; });
+  if (it == open_steps_.end())
+    throw CommError("wait_step of step " + std::to_string(step.id) + ", which this communicator does not hold");
+  std::vector<Request> requests = std::move(it->second);
+  open_steps_.erase(it);
+  step.id = -1;
+  wait_all(requests, what);
 }
 
 }  // namespace ringattn::comm

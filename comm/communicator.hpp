@@ -11,6 +11,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ringattn::comm {
 
@@ -46,6 +47,27 @@ struct LinkEmulation {
   }
 };
 
+// One transfer of a step (see Communicator::post_step): `bytes` from `buf` to `peer` (send) or
+// into `buf` from `peer` (receive). A receive names the byte count of its send.
+struct StepTransfer {
+  enum class Kind : uint8_t { send, recv };
+  Kind kind = Kind::send;
+  void* buf = nullptr;  // a send's buffer is only read
+  size_t bytes = 0;
+  int peer = -1;
+
+  static StepTransfer send(const void* buf, size_t bytes, int peer) {
+    return {Kind::send, const_cast<void*>(buf), bytes, peer};
+  }
+  static StepTransfer recv(void* buf, size_t bytes, int peer) { return {Kind::recv, buf, bytes, peer}; }
+};
+
+// Handle of a posted step; invalid once completed, or once wait_step() has thrown.
+struct StepHandle {
+  int64_t id = -1;
+  bool valid() const { return id >= 0; }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -74,6 +96,22 @@ class Communicator {
   // throws: an error it meets is thrown by the next test() or wait() of that transfer.
   virtual void progress() = 0;
 
+  // Steps: a set of sends and receives posted as one unit and completed as one unit (on NCCL,
+  // one ncclGroupStart/ncclGroupEnd). No tags: every rank posts its steps in the same order,
+  // including steps in which it moves nothing (an empty span), so that a send of step n to rank
+  // b meets the receive of b's step n; within one step, several transfers between the same pair
+  // match in the order listed. Buffers stay valid until the step completes. wait_step blocks
+  // until every transfer of the step is complete, bounded by timeout() like wait() (CommError
+  // naming `what`); its time is added to wait_seconds(). Steps use their own matching: they never
+  // meet messages of isend/irecv. This base implementation posts isend/irecv on a tag reserved
+  // for steps (MPI keeps messages of one pair and tag in order); a transport may do better.
+  virtual StepHandle post_step(std::span<const StepTransfer> transfers);
+  virtual void wait_step(StepHandle& step, const std::string& what);
+  // Steps posted so far on this communicator (also the number the next one gets).
+  int64_t steps_posted() const { return steps_posted_; }
+  // The tag the base implementation reserves for steps (the least tag bound MPI guarantees).
+  static constexpr int kStepTag = 32767;
+
   // Collectives: blocking, bounded by the timeout, same call order on every rank.
   virtual void allreduce(void* buf, size_t count, DataType type, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
@@ -96,8 +134,9 @@ class Communicator {
   virtual void set_link_emulation(const LinkEmulation& link) { link_ = link; }
   const LinkEmulation& link_emulation() const { return link_; }
 
-  // Counters: payload bytes posted by isend, and seconds blocked in wait() (time in collectives
-  // is not counted: wait_seconds is the time compute waited for point-to-point data).
+  // Counters: payload bytes posted by isend and post_step, and seconds blocked in wait() and
+  // wait_step() (time in collectives is not counted: wait_seconds is the time compute waited for
+  // point-to-point data).
   uint64_t bytes_sent() const { return bytes_sent_; }
   double wait_seconds() const { return wait_seconds_; }
   void reset_counters() {
@@ -110,6 +149,10 @@ class Communicator {
   LinkEmulation link_;
   uint64_t bytes_sent_ = 0;
   double wait_seconds_ = 0.0;
+  int64_t steps_posted_ = 0;
+
+ private:
+  std::vector<std::pair<int64_t, std::vector<Request>>> open_steps_;  // base implementation: by step id
 };
 
 }  // namespace ringattn::comm

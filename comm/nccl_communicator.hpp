@@ -1,37 +1,32 @@
-// The NCCL communicator: point-to-point transfers and collectives on device memory, one rank
-// per GPU. Built only with CUDA and NCCL (RINGATTN_HAVE_CUDA).
+// The NCCL communicator: ring steps and collectives on device memory, one rank per GPU, over a
+// single NCCL communicator per job. Built with CUDA and NCCL (RINGATTN_HAVE_CUDA), or on the
+// emulation of both (-DRINGATTN_CUDA_EMULATION=ON, emulation/nccl).
 //
 // Placement. The GPU is chosen from the node-local rank (MPI_Comm_split_type with
 // MPI_COMM_TYPE_SHARED); a node with more ranks than visible GPUs is an error on every rank
-// (the message names the node and both counts): use --comm mpi there (HostStagedCommunicator).
+// naming the node and both counts (nccl_schedule.hpp): use --comm mpi there
+// (HostStagedCommunicator).
 //
-// Point to point. NCCL has no tags, matches sends to receives in posting order per pair of
-// ranks, and runs the operations of one communicator one after another: a receive posted
-// early blocks every later operation of that communicator until its sender catches up. The
-// ring executor's patterns (receive posted before the step's send, gradients received
-// before they are sent on, messages of one pair in different orders on the two sides) would
-// deadlock or mismatch on one NCCL communicator, so this class does not rely on posting order:
-//   - every ordered pair of ranks (sender -> receiver) has its own two-rank NCCL communicator
-//     and CUDA stream (2 (P - 1) per rank, created and connected in the constructor), so no
-//     transfer waits behind another pair's;
-//   - isend launches ncclSend on the pair's communicator at once and announces (tag, bytes)
-//     to the receiver over MPI (a duplicate of the given communicator);
-//   - the receiver launches ncclRecv in announcement order, i.e. in the sender's order, each
-//     into the earliest posted irecv with that tag (MPI matching). A message whose irecv is not
-//     posted yet waits, unless a later message of the same sender is already wanted: then it is
-//     received into a temporary device buffer and copied when its irecv comes.
-// A message matches a receive with the same tag, and a receive may be larger than its message.
-// test() and wait() poll a CUDA event per request, and advance announcements and receives;
-// progress() does the latter. wait() is bounded by timeout(): on timeout, or on an NCCL
-// asynchronous error (ncclCommGetAsyncError), every NCCL communicator is aborted
-// (ncclCommAbort) and a CommError names this rank, the peer, the tag and what was awaited;
-// the communicator is unusable afterwards.
+// Lifecycle. Rank 0's ncclUniqueId goes out by MPI broadcast; the communicator is created
+// non-blocking (ncclConfig_t::blocking = 0) and polled with ncclCommGetAsyncError until ready,
+// for at most timeout() seconds, then every rank checks that every rank succeeded. The
+// destructor calls ncclCommFinalize, polls it (bounded), then ncclCommDestroy; on any error or
+// timeout the communicator is aborted (ncclCommAbort) and a CommError names this rank, the step
+// and what was awaited (exit code 4 at the top); it is unusable afterwards.
 //
-// Host buffers are accepted everywhere (staged through device memory), so a job can use the
-// same communicator for its host-side bookkeeping. Collectives run on one world communicator:
-// ncclAllReduce, ncclBroadcast, ncclAllGather, ncclReduceScatter (equal counts), grouped
-// ncclSend/ncclRecv (allgatherv) and grouped ncclReduce (reduce_scatter with unequal counts);
-// barrier() is an allreduce of one value. Links are not emulated (set_link_emulation is ignored).
+// Steps (post_step). One ncclGroupStart/ncclGroupEnd per step, with the step's ncclSend and
+// ncclRecv, on one communication stream. With order_after(compute stream), the group waits on
+// the device for the compute work issued before it (an event), and wait_step makes later compute
+// wait for the step on the device too; the host waits only in wait_step, polling the step's
+// event (and the communicator's asynchronous error) under the timeout. No tags: NCCL matches
+// group n of a rank to group n of its peers because every rank posts its steps in the same
+// order (the RingPlan makes the executor do so). Communicators per rank: one, whatever P.
+//
+// Collectives on device memory: ncclAllReduce, ncclBroadcast, ncclAllGather, ncclReduceScatter
+// (equal counts) on the same stream, waited for under the timeout. Everything else goes over MPI
+// through pinned host buffers (HostStagedCommunicator over a private MPI duplicate): host
+// buffers, allgatherv, reduce_scatter with unequal counts, barrier, isend/irecv (tagged
+// point-to-point, which NCCL lacks: not the ring's path) and split. Links are not emulated.
 //
 // Threads: one thread uses the communicator (the one that created it).
 #pragma once
@@ -48,8 +43,9 @@ namespace ringattn::comm {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Collective over `comm`; selects and sets the CUDA device of this rank.
-  explicit NcclCommunicator(MPI_Comm comm);
+  // Collective over `comm`; selects and sets the CUDA device of this rank; waits at most
+  // `timeout_s` seconds for every rank to join.
+  explicit NcclCommunicator(MPI_Comm comm, double timeout_s = 300.0);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -65,6 +61,9 @@ class NcclCommunicator final : public Communicator {
   void wait(Request& r, const std::string& what) override;
   void progress() override;
 
+  StepHandle post_step(std::span<const StepTransfer> transfers) override;
+  void wait_step(StepHandle& step, const std::string& what) override;
+
   void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
@@ -75,12 +74,16 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
 
+  // Orders steps and collectives after the work issued before them on `compute_stream` (a
+  // cudaStream_t: the backend's), and that stream's later work after them, on the device.
+  void order_after(void* compute_stream);
   // The CUDA device this rank uses.
   int device() const;
+  // NCCL communicators this object holds: 1, whatever the number of ranks.
+  int nccl_communicators() const;
 
  private:
   struct Impl;
-  NcclCommunicator(MPI_Comm comm, int device);
   std::unique_ptr<Impl> impl_;
 };
 

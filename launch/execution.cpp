@@ -57,7 +57,7 @@ Execution make_execution(const ExecutionChoice& choice, comm::Communicator& rank
   if (choice.comm == "nccl") {
     const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ranks);
     if (!mpi) throw RuntimeFault("--comm nccl: NCCL is set up over an MPI communicator");
-    auto nccl = std::make_unique<comm::NcclCommunicator>(mpi->mpi_comm());
+    auto nccl = std::make_unique<comm::NcclCommunicator>(mpi->mpi_comm(), ranks.timeout());
     device = nccl->device();
     e.owned_comm = std::move(nccl);
   } else {  // several ranks may share a GPU: device buffers go over MPI through host memory
@@ -66,6 +66,10 @@ Execution make_execution(const ExecutionChoice& choice, comm::Communicator& rank
   e.ring_comm = e.owned_comm.get();
 #endif
   e.backend = make_cuda_backend(device);
+#if defined(RINGATTN_WITH_NCCL)
+  // Steps wait for the kernels issued before them, and later kernels for the steps, on the device.
+  if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(e.owned_comm.get())) nccl->order_after(e.backend->native_stream());
+#endif
   return e;
 }
 

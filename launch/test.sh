@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs every test: the unit and MPI tests (ctest), then the same tests under
+# Sets up, builds, and runs every test: the unit and MPI tests (ctest), the NCCL path on the
+# emulated CUDA and NCCL, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then a bounded fuzzing run of the .npy reader.
 # RINGATTN_QUICK=1 skips the sanitizer build and the fuzzer.
 set -euo pipefail
@@ -8,6 +9,13 @@ launch/setup.sh
 launch/build.sh
 source launch/env.sh
 ctest --test-dir build --output-on-failure --timeout 600
+
+# The NCCL path with no GPU: the whole program built on the CPU emulation of CUDA and NCCL
+# (emulation/), and its tests (label nccl_emulation: the NCCL communicator, attention through
+# --backend cuda --comm nccl at P = 1..4, the layer, a stopped rank).
+cmake -S . -B build-emulated -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA_EMULATION=ON >/dev/null
+cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests
+ctest --test-dir build-emulated --output-on-failure --timeout 600 -L nccl_emulation
 
 if [ "${RINGATTN_QUICK:-0}" = "1" ]; then
   exit 0

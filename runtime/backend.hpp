@@ -47,6 +47,16 @@ class AttentionBackend {
                         const kernels::KeyValueRows& kv, const void* dout, const float* lse, const float* delta,
                         float* dq, float* dk, float* dv, const MaskView& mask,
                         const std::function<void()>& progress) = 0;
+  // Called once when a RingAttention is built: allocates now whatever later kernel calls on this
+  // mask with up to `max_rows` query or key rows would allocate (device copies of the mask and
+  // of positions), so that no call during a pass allocates memory. A no-op on the CPU.
+  virtual void prepare(const MaskView& mask, int64_t max_rows) {
+    (void)mask;
+    (void)max_rows;
+  }
+  // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
+  // its transfers with it on the device; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 };

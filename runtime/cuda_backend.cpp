@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -34,16 +35,22 @@ class DeviceMirror {
     if (device_) cudaFree(device_);
   }
 
+  // Room for `bytes` bytes, allocated now (RingAttention's construction) rather than in a pass.
+  void reserve(size_t bytes) {
+    if (bytes <= capacity_) return;
+    if (device_) check(cudaFree(device_), "cudaFree");
+    device_ = nullptr;
+    check(cudaMalloc(&device_, bytes), "cudaMalloc for positions or mask");
+    capacity_ = bytes;
+    copy_.clear();
+  }
+
   // Device pointer holding `bytes` bytes equal to `host` (stream-ordered upload on `stream`).
+  // Allocates only beyond the reserved room (never for a prepared RingAttention).
   const void* get(const void* host, size_t bytes, cudaStream_t stream) {
     if (bytes == 0) return nullptr;
     if (bytes == copy_.size() && std::memcmp(copy_.data(), host, bytes) == 0) return device_;
-    if (bytes > capacity_) {
-      if (device_) check(cudaFree(device_), "cudaFree");
-      device_ = nullptr;
-      check(cudaMalloc(&device_, bytes), "cudaMalloc for positions or mask");
-      capacity_ = bytes;
-    }
+    reserve(bytes);
     copy_.assign(static_cast<const unsigned char*>(host), static_cast<const unsigned char*>(host) + bytes);
     // From the host copy, which lives until the next upload: that one is ordered after this.
     check(cudaMemcpyAsync(device_, copy_.data(), bytes, cudaMemcpyHostToDevice, stream), "uploading positions or mask");
@@ -154,6 +161,15 @@ class CudaBackend final : public AttentionBackend {
   }
 
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+
+  void* native_stream() override { return stream_; }
+
+  void prepare(const MaskView& mask, int64_t max_rows) override {
+    const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(max_rows, 1));
+    q_pos_.reserve(bytes);
+    k_pos_.reserve(bytes);
+    device_mask(mask);  // uploads the doc offsets and block mask now; later calls find them equal
+  }
 
  private:
   kernels::CudaOptions options() const {

@@ -10,7 +10,8 @@
 // stream-ordered; synchronize() waits for them. upload() and download() are complete on return.
 //
 // Positions and the mask arrive as host arrays; the backend copies them to the device per call
-// (positions) or once per distinct mask (doc offsets and block mask, compared by content).
+// (positions) or once per distinct mask (doc offsets and block mask, compared by content), into
+// device buffers that prepare() allocates when a RingAttention is built: no pass allocates.
 #pragma once
 
 #include <memory>

@@ -1,10 +1,25 @@
 // Exact attention over a sequence sharded across the ranks of a communicator: each rank keeps its
 // queries and computes against K/V blocks as they arrive (RingPlan), merging partial states in a
 // fixed order, with the transfers of the next step posted before the compute of this one.
+//
+// Transfers go as steps (Communicator::post_step): the K/V of ring step k is one step, and in
+// backward the gradient returns computed at step k are another, posted right after that compute.
+// Every rank posts the same sequence of steps (KV 1, then per step k: KV k+1, gradients k), empty
+// ones included, so step n of one rank always meets step n of its peers; the plan makes the
+// transfers of a step symmetric (a send of rank a to b at step k is b's receive from a).
+//
+// Buffers. The transfer buffers (two per kind, by step parity) are allocated once per
+// RingAttention: those of forward in the constructor, those only backward uses (gradient
+// partials and delta) by the first backward() before it posts anything. No pass allocates
+// backend memory while transfers are in flight.
+//
+// Exposed communication (PassStats::wait_seconds) is the time blocked in every wait for a step,
+// whether for data to arrive or for a send to free its buffer.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -55,13 +70,13 @@ class RingAttention {
   std::function<void(int, int)> on_step;
 
  private:
-  struct Slot;
   size_t kv_message_bytes(int64_t rows) const;
+  size_t grad_message_bytes(int64_t rows) const;
   std::vector<int64_t> source_positions(int source, const std::vector<RowRange>& rows) const;
-  void post_key_values(int step, int purpose, const void* k, const void* v, std::vector<Slot>& slots,
-                       DeviceBuffer& own_shard, comm::Request& own_send);
-  void wait(comm::Request& r, const std::string& what, PassStats& stats);
-  int tag(int step, int purpose) const { return step * 4 + purpose; }
+  // Posts the K/V transfers of ring step `step` (1 <= step < P) as one communicator step.
+  comm::StepHandle post_key_values(int step, const void* k, const void* v);
+  void wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats);
+  void allocate_backward_buffers();
 
   comm::Communicator& comm_;
   AttentionBackend& backend_;
@@ -71,6 +86,15 @@ class RingAttention {
   RingOptions options_;
   RingPlan plan_;
   std::vector<int64_t> positions_;
+  int64_t max_rows_ = 0;  // the most rows any transfer of either pass moves
+  // Step k uses index k % 2 of each pair.
+  DeviceBuffer kv_in_[2];     // K/V arriving
+  DeviceBuffer kv_out_[2];    // direct: own rows packed for the peer
+  DeviceBuffer own_shard_;    // ring: this rank's shard, the relay's first message
+  DeviceBuffer grad_in_[2];   // gradient partials arriving (backward)
+  DeviceBuffer grad_out_[2];  // gradient partials computed here (backward)
+  DeviceBuffer delta_;        // rowsum(dO * O) (backward)
+  bool backward_buffers_ = false;
 };
 
 }  // namespace ringattn

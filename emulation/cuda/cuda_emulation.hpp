@@ -117,6 +117,8 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
 // Runs `body` once per thread of every block of the grid (blocks one after another).
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 void set_max_dynamic_shared(const void* kernel, int bytes);
+// Queues work that completes later on `stream` (streams.cpp): `done` is polled, in issue order.
+void enqueue(cudaStream_t stream, std::function<bool()> done);
 cudaError_t take_last_error(bool clear);
 
 template <class... Params, class... Args>
@@ -232,6 +234,15 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream);
+template <class T>
+cudaError_t cudaMallocAsync(T** p, size_t bytes, cudaStream_t stream) {
+  return cudaMallocAsync(reinterpret_cast<void**>(p), bytes, stream);
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaMallocHost(void** p, size_t bytes);
@@ -240,7 +251,8 @@ cudaError_t cudaMallocHost(T** p, size_t bytes) {
   return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
 }
 cudaError_t cudaFreeHost(void* p);
-// Kernels run when launched, so events complete when recorded (elapsed time: wall clock).
+// Kernels run when launched; streams hold only work queued by other emulations (emulated NCCL),
+// which events and synchronisation wait for (emulation/cuda/streams.cpp; elapsed time: wall clock).
 cudaError_t cudaEventCreate(cudaEvent_t* event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);

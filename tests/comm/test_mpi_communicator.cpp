@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/stopwatch.hpp"
+#include "tests/comm/step_exchange.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {
@@ -30,6 +31,21 @@ TEST_F(MpiTest, RingExchangeDeliversDistinctPayloads) {
   const size_t sizes[] = {0, 1, 7, 4096, 100003, size_t(1) << 20, (size_t(1) << 20) + 13};
   int tag = 0;
   for (size_t bytes : sizes) ring_exchange(*comm, bytes, tag++);
+  EXPECT_EQ(comm->outstanding(), 0u);
+}
+
+// Steps posted back to back match by posting order, and do not meet point-to-point messages
+// posted meanwhile with any tag.
+TEST_F(MpiTest, StepsMatchInPostingOrder) {
+  std::vector<uint8_t> out = payload(64, rank(), 9), in(64, 0);
+  Request recv = comm->irecv(in.data(), in.size(), previous_rank(*comm), Communicator::kStepTag - 1);
+  const double waited_before = comm->wait_seconds();
+  step_exchange(*comm, 7);
+  Request send = comm->isend(out.data(), out.size(), next_rank(*comm), Communicator::kStepTag - 1);
+  comm->wait(recv, "a message between steps");
+  comm->wait(send, "a message between steps");
+  EXPECT_TRUE(in == payload(64, previous_rank(*comm), 9));
+  EXPECT_GE(comm->wait_seconds(), waited_before);
   EXPECT_EQ(comm->outstanding(), 0u);
 }
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <random>
 #include <string>
@@ -202,6 +204,91 @@ TEST_F(RingAttentionMpi, DeterministicRunToRun) {
   EXPECT_EQ(dq1, dq2);
   EXPECT_EQ(dk1, dk2);
   EXPECT_EQ(dv1, dv2);
+}
+
+// Counts the backend allocations; everything else goes to the CPU backend.
+class CountingBackend final : public AttentionBackend {
+ public:
+  explicit CountingBackend(std::unique_ptr<AttentionBackend> inner) : inner_(std::move(inner)) {}
+  int allocations = 0;
+  const char* name() const override { return inner_->name(); }
+  comm::MemorySpace memory() const override { return inner_->memory(); }
+  void* allocate(size_t bytes) override {
+    ++allocations;
+    return inner_->allocate(bytes);
+  }
+  void release(void* p) override { inner_->release(p); }
+  void zero(void* p, size_t bytes) override { inner_->zero(p, bytes); }
+  void fill(float* p, size_t n, float value) override { inner_->fill(p, n, value); }
+  void upload(void* dst, const void* src, size_t bytes) override { inner_->upload(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { inner_->download(dst, src, bytes); }
+  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
+                   const std::vector<RowRange>& ranges) override {
+    inner_->gather_rows(dst, src, batch, src_rows, row_bytes, ranges);
+  }
+  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
+                        const std::vector<RowRange>& ranges) override {
+    inner_->scatter_add_rows(dst, src, batch, dst_rows, row_elems, ranges);
+  }
+  void add(float* dst, const float* src, size_t n) override { inner_->add(dst, src, n); }
+  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+               const MaskView& mask, const kernels::AttentionState& state,
+               const std::function<void()>& progress) override {
+    inner_->forward(dims, q, kv, mask, state, progress);
+  }
+  void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
+             float* delta) override {
+    inner_->delta(dims, rows, o, dout, dtype, delta);
+  }
+  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                const MaskView& mask, const std::function<void()>& progress) override {
+    inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
+  }
+  void synchronize() override { inner_->synchronize(); }
+
+ private:
+  std::unique_ptr<AttentionBackend> inner_;
+};
+
+// The ring's buffers belong to the RingAttention: passes after the first backward allocate no
+// backend memory (on a GPU, cudaMalloc/cudaFree would synchronise the device while transfers
+// are in flight). Every rank posts the same number of communicator steps per pass (steps match
+// by posting order), and a rank's exposed wait is never more than its pass.
+TEST_F(RingAttentionMpi, PassesAllocateNothingAndPostMatchingSteps) {
+  for (Schedule schedule : {Schedule::direct, Schedule::ring}) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const int P = comm->size();
+    const ShardLayout layout(LayoutKind::zigzag, 150, P);
+    Mask mask;
+    mask.causal = true;
+    const kernels::AttentionDims dims{1, 2, 1, 16, 0.25f};
+    const auto pos = layout.positions(comm->rank());
+    const int64_t rows = int64_t(pos.size());
+    auto q = rows_of(3, RandomTensor::q, 1, 150, 32, pos, DType::f32);
+    auto k = rows_of(3, RandomTensor::k, 1, 150, 16, pos, DType::f32);
+    auto v = rows_of(3, RandomTensor::v, 1, 150, 16, pos, DType::f32);
+    auto d = rows_of(3, RandomTensor::dout, 1, 150, 32, pos, DType::f32);
+    CountingBackend backend(make_cpu_backend(1));
+    RingAttention ring(*comm, backend, layout, mask, RingOptions{dims, DType::f32, schedule});
+    std::vector<float> o(q.size()), l(size_t(2 * rows)), dq(q.size()), dk(k.size()), dv(v.size());
+    ring.forward(q.data(), k.data(), v.data(), o.data(), l.data());
+    ring.backward(q.data(), k.data(), v.data(), o.data(), l.data(), d.data(), dq.data(), dk.data(), dv.data());
+    const int after_first = backend.allocations;
+    const int64_t steps_before = comm->steps_posted();
+    PassStats f = ring.forward(q.data(), k.data(), v.data(), o.data(), l.data());
+    PassStats b =
+        ring.backward(q.data(), k.data(), v.data(), o.data(), l.data(), d.data(), dq.data(), dk.data(), dv.data());
+    EXPECT_EQ(backend.allocations, after_first) << "a pass allocated backend memory";
+    EXPECT_LE(f.wait_seconds, f.seconds);
+    EXPECT_LE(b.wait_seconds, b.seconds);
+    int64_t steps[2] = {comm->steps_posted() - steps_before, 0};
+    steps[1] = -steps[0];
+    comm->allreduce(steps, 2, comm::DataType::i64, comm::ReduceOp::max);
+    EXPECT_EQ(steps[0], -steps[1]) << "ranks posted different numbers of steps";
+    // forward: K/V steps 1..P-1; backward: K/V and gradient steps 1..P-1.
+    EXPECT_EQ(steps[0], 3 * int64_t(P - 1));
+  }
 }
 
 // Splitting the sequence over more ranks must not make the result less exact: the error against

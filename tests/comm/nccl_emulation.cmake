@@ -1,0 +1,20 @@
+# Builds with -DRINGATTN_CUDA_EMULATION=ON: the NCCL communicator and the whole program on the
+# emulated CUDA and NCCL (emulation/). Label nccl_emulation; launch/test.sh builds only these
+# targets (ringattn, ringattn_nccl_emulated_tests) and runs only this label.
+add_executable(ringattn_nccl_emulated_tests ${CMAKE_CURRENT_SOURCE_DIR}/comm/test_nccl_emulated.cpp)
+target_link_libraries(ringattn_nccl_emulated_tests PRIVATE ringattn_comm ringattn_mpi_test_main)
+target_compile_options(ringattn_nccl_emulated_tests PRIVATE -Wall -Wextra)
+foreach(np 1 2 4)  # communicators per rank must not grow with P
+  ringattn_mpi_test(nccl_emulated_np${np} ringattn_nccl_emulated_tests ${np})
+  set_tests_properties(nccl_emulated_np${np} PROPERTIES LABELS "mpi;nccl_emulation")
+endforeach()
+
+if(RINGATTN_PYTHON)
+  foreach(group attention layer faults)
+    add_test(NAME nccl_emulated_cli_${group}
+             COMMAND ${RINGATTN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/comm/nccl_emulated_cli.py
+                     --ringattn $<TARGET_FILE:ringattn> --mpiexec ${MPIEXEC_EXECUTABLE} ${group})
+    set_tests_properties(nccl_emulated_cli_${group} PROPERTIES LABELS "cli;mpi;nccl_emulation" RUN_SERIAL TRUE
+      TIMEOUT 600 ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+  endforeach()
+endif()
