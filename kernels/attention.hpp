@@ -44,4 +44,9 @@ struct AttentionState {
   float* lse = nullptr;  // (B, H, rows)
 };
 
+// How a kernel rounds, for the same-precision reference its results are judged against
+// (kernels/error_rule.hpp): every product in fp32 (bf16 inputs converted exactly), or P and dS
+// rounded to bf16 before their products (FlashAttention-2's bf16 contract).
+enum class SamePrecision { fp32, bf16_products };
+
 }  // namespace ringattn::kernels

@@ -37,9 +37,8 @@ void reference_backward(const AttentionDims& dims, const float* q, const int64_t
 // The same computation in plain fp32 (scores, softmax, products in float): the "same precision
 // reference" whose error against fp64 sets the bound of every check (kernels/error_rule.hpp).
 // Inputs are what the kernel saw (bf16 inputs converted exactly), so fp32 accumulation models the
-// bf16 kernels too; bf16_products also rounds P and dS to bf16 before their products, as the
-// tensor-core kernels do.
-enum class SamePrecision { fp32, bf16_products };
+// bf16 kernels too; SamePrecision::bf16_products (kernels/attention.hpp) also rounds P and dS to
+// bf16 before their products, as the tensor-core kernels and the CPU's bf16 dot path do.
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
                         float* o, float* lse, SamePrecision precision = SamePrecision::fp32);
@@ -47,5 +46,14 @@ void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_
                          const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                          const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
                          float* dv, SamePrecision precision = SamePrecision::fp32);
+
+// The same-precision reference of bf16 backward kernels (FlashAttention-2's bf16 contract, kept
+// by the CPU kernels on AVX512-BF16 and by the tensor-core kernels): inputs already bf16-valued,
+// scores, dP and every sum in fp32, and P and dS rounded to bf16 (nearest even) before the
+// products dV = P^T dO, dK = dS^T Q and dQ = dS K. Arguments as naive_backward_fp32.
+void naive_backward_bf16(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
+                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
+                         const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
+                         float* dv);
 
 }  // namespace ringattn::kernels

@@ -177,10 +177,10 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const std::vector<RowSpan> qtiles = make_row_blocks(q.pos, q.rows, lanes);
   const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
   const int threads = thread_count(options);
-  // bf16 inputs on an ISA with a bf16 dot product: S = Q K^T and dP = dO V^T from bf16 pairs;
-  // dV, dK and dQ (products with P and dS) in fp32.
+  // bf16 inputs on an ISA with a bf16 dot product: all five products take bf16 operands with
+  // fp32 sums, P and dS rounded to bf16 (FlashAttention-2's bf16 backward); no fp32 K/V copies.
   const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
-  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{true, !dot16, dot16, dot16}, threads);
+  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{!dot16, !dot16, dot16, dot16}, threads);
   // dK/dV accumulate head-major like K/V (contiguous rows per head), added to the output at the
   // end; with one K/V head the output is head-major itself and takes them directly.
   const bool dkv_in_place = Hkv == 1;
@@ -204,8 +204,10 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const int64_t slot_pairs = int64_t(D / 2) * lanes;
   std::vector<uint32_t> qt_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
   std::vector<uint32_t> dot_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
-  // Q and dO rows of each slot, compact (row stride D) and fp32, for the dK/dV products.
-  std::vector<float> natural(static_cast<size_t>(2 * slots * slot_floats));
+  // Q and dO rows of each slot for the dK/dV products: compact fp32 rows (row stride D), or on the
+  // bf16 path pairs of consecutive rows [lanes/2][D].
+  std::vector<float> natural(dot16 ? 0 : static_cast<size_t>(2 * slots * slot_floats));
+  std::vector<uint32_t> row_pairs_all(dot16 ? static_cast<size_t>(2 * slots * slot_pairs) : 0);
   std::vector<float> lane_stats(static_cast<size_t>(2 * slots * lanes));  // lse2, delta
   std::vector<int64_t> lane_data(static_cast<size_t>(3 * super_tiles * lanes));
   std::vector<std::vector<float>> dq_partial(static_cast<size_t>(threads));
@@ -216,7 +218,7 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num();
-    std::vector<float> scratch(static_cast<size_t>(cpu::backward_scratch_floats(tk)));
+    std::vector<float> scratch(static_cast<size_t>(cpu::backward_scratch_floats(tk, D)));
     std::vector<BackwardTileRef> refs;
     std::vector<float>& my_dq = dq_partial[static_cast<size_t>(tid)];
     std::vector<uint8_t>& my_touched = touched[static_cast<size_t>(tid)];
@@ -234,17 +236,20 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         if (dot16) {
           pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, &qt_pairs_all[s * slot_pairs]);
           pack_pairs(dout, qrow * D, H * D, tile.count, D, lanes, &dot_pairs_all[s * slot_pairs]);
+          uint32_t* qp = &row_pairs_all[2 * s * slot_pairs];
+          cpu::pack_row_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qp);
+          cpu::pack_row_pairs(dout, qrow * D, H * D, tile.count, D, lanes, qp + slot_pairs);
         } else {
           pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, &qt_all[s * slot_floats]);
           pack_transposed(dout, q.dtype, qrow * D, H * D, tile.count, D, lanes, 1.0f, &dot_all[s * slot_floats]);
+          float* nq = &natural[2 * s * slot_floats];
+          float* ndo = nq + slot_floats;
+          for (int i = 0; i < tile.count; ++i)
+            for (int d = 0; d < D; ++d) {
+              nq[i * D + d] = element(q.data, q.dtype, (qrow + i * H) * D + d);
+              ndo[i * D + d] = element(dout, q.dtype, (qrow + i * H) * D + d);
+            }
         }
-        float* nq = &natural[2 * s * slot_floats];
-        float* ndo = nq + slot_floats;
-        for (int i = 0; i < tile.count; ++i)
-          for (int d = 0; d < D; ++d) {
-            nq[i * D + d] = element(q.data, q.dtype, (qrow + i * H) * D + d);
-            ndo[i * D + d] = element(dout, q.dtype, (qrow + i * H) * D + d);
-          }
         float* lse2 = &lane_stats[2 * s * lanes];
         float* dl = lse2 + lanes;
         for (int i = 0; i < lanes; ++i) {
@@ -295,13 +300,15 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
             if (dot16) {
               ref.qt_pairs = &qt_pairs_all[s * slot_pairs];
               ref.dot_pairs = &dot_pairs_all[s * slot_pairs];
+              ref.q_row_pairs = &row_pairs_all[2 * s * slot_pairs];
+              ref.dout_row_pairs = ref.q_row_pairs + slot_pairs;
             } else {
               ref.qt = &qt_all[s * slot_floats];
               ref.dot = &dot_all[s * slot_floats];
+              ref.q = &natural[2 * s * slot_floats];
+              ref.dout = ref.q + slot_floats;
+              ref.q_stride = ref.dout_stride = D;
             }
-            ref.q = &natural[2 * s * slot_floats];
-            ref.dout = ref.q + slot_floats;
-            ref.q_stride = ref.dout_stride = D;
             ref.lse2 = &lane_stats[2 * s * lanes];
             ref.delta = ref.lse2 + lanes;
             ref.lane_lo = ld;
@@ -317,12 +324,12 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         args.head_dim = D;
         args.scale = dims.scale;
         args.nk = kb.count;
-        args.k = packed.k + krow * D;
         if (dot16) {
           args.k16 = packed.k16 + krow * D;
           args.v16 = packed.v16 + krow * D;
           args.score_scale = qscale;
         } else {
+          args.k = packed.k + krow * D;
           args.v = packed.v + krow * D;
         }
         args.kv_stride = D;

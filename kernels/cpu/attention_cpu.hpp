@@ -18,9 +18,12 @@ struct CpuOptions {
   std::function<void()> progress;
 };
 
-// The instruction set the CPU kernels run with: "avx512", "avx2" or "scalar". Chosen once from
+// The instruction set the CPU kernels run with: "avx512bf16", "avx512", "avx2" or "scalar". Chosen once from
 // the CPU's features; RINGATTN_ISA=avx2|scalar forces a narrower one (tests use this).
 const char* cpu_isa();
+// How the selected CPU kernels round with inputs of this type: bf16 inputs on an ISA with a bf16
+// dot product round P and dS to bf16 (bf16_products), everything else is fp32.
+SamePrecision cpu_same_precision(DType dtype);
 // Rows per query tile and per key block of the selected ISA.
 int cpu_query_tile();
 int cpu_key_block();
@@ -28,6 +31,9 @@ int cpu_key_block();
 // Peak fp32 FMA rate of this machine with the selected ISA, measured now on `threads` threads
 // (independent FMA chains; GFLOP/s, 2 FLOPs per lane per FMA). The yardstick of the benchmark.
 double measure_fma_peak_gflops(int threads, double seconds = 0.3);
+// Peak rate of the bf16 dot-product instruction (VDPBF16PS: two products and two sums per fp32
+// lane) on `threads` threads, GFLOP/s; 0 when the selected ISA has none. The yardstick of bf16 rows.
+double measure_bf16_dot_peak_gflops(int threads, double seconds = 0.3);
 
 // Head dims the CPU kernels support: multiples of 16 up to 512.
 bool cpu_supports_head_dim(int64_t head_dim);

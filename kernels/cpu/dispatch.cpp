@@ -60,17 +60,22 @@ const TileKernels& selected_tile_kernels() {
 }  // namespace cpu
 
 const char* cpu_isa() { return cpu::selected_tile_kernels().name; }
+SamePrecision cpu_same_precision(DType dtype) {
+  return dtype == DType::bf16 && cpu::selected_tile_kernels().bf16_dot ? SamePrecision::bf16_products
+                                                                       : SamePrecision::fp32;
+}
 int cpu_query_tile() { return cpu::selected_tile_kernels().query_tile; }
 int cpu_key_block() { return cpu::selected_tile_kernels().key_block; }
-double measure_fma_peak_gflops(int threads, double seconds) {
-  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
+namespace {
+// The rate of `loop` (flops_per_iter FLOPs per iteration) on `threads` threads at once, GFLOP/s.
+double measure_loop_gflops(float (*loop)(int64_t, float), int flops_per_iter, int threads, double seconds) {
   // Calibrate the iteration count on one thread, then run every thread at once.
   int64_t iters = 1 << 16;
   double elapsed = 0.0;
   float sink = 0.0f;
   for (;;) {
     const double t0 = omp_get_wtime();
-    sink += tk.fma_loop(iters, 1.0f);
+    sink += loop(iters, 1.0f);
     elapsed = omp_get_wtime() - t0;
     if (elapsed > seconds / 4 || iters > (int64_t{1} << 40)) break;
     iters *= 4;
@@ -83,16 +88,28 @@ double measure_fma_peak_gflops(int threads, double seconds) {
 #pragma omp barrier
 #pragma omp single
       t0 = omp_get_wtime();
-      sink += tk.fma_loop(iters, float(omp_get_thread_num()));
+      sink += loop(iters, float(omp_get_thread_num()));
 #pragma omp barrier
 #pragma omp single
       t1 = omp_get_wtime();
     }
-    best = std::max(best, double(iters) * tk.fma_flops_per_iter * threads / (t1 - t0) / 1e9);
+    best = std::max(best, double(iters) * flops_per_iter * threads / (t1 - t0) / 1e9);
   }
   volatile float observed = sink;  // keeps the loops from being optimised away
   (void)observed;
   return best;
+}
+}  // namespace
+
+double measure_fma_peak_gflops(int threads, double seconds) {
+  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
+  return measure_loop_gflops(tk.fma_loop, tk.fma_flops_per_iter, threads, seconds);
+}
+
+double measure_bf16_dot_peak_gflops(int threads, double seconds) {
+  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
+  if (!tk.bf16_dot) return 0.0;
+  return measure_loop_gflops(tk.bf16_dot_loop, tk.bf16_dot_flops_per_iter, threads, seconds);
 }
 
 bool cpu_supports_head_dim(int64_t head_dim) { return head_dim > 0 && head_dim <= 512 && head_dim % 16 == 0; }

@@ -67,4 +67,18 @@ void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int 
     for (int i = nq; i < lanes; ++i) dst[p * lanes + i] = 0;
 }
 
+void pack_row_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst) {
+  const auto* in = static_cast<const bf16_bits*>(src);
+  for (int p = 0; p < lanes / 2; ++p) {
+    const int i = 2 * p;
+    const bf16_bits* r0 = in + first + i * row_stride;
+    const bf16_bits* r1 = r0 + row_stride;
+    uint32_t* out = dst + int64_t(p) * head_dim;
+    for (int d = 0; d < head_dim; ++d) {
+      const uint32_t lo = i < nq ? r0[d] : 0, hi = i + 1 < nq ? r1[d] : 0;
+      out[d] = lo | (hi << 16);
+    }
+  }
+}
+
 }  // namespace ringattn::kernels::cpu

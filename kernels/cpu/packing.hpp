@@ -46,4 +46,8 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
 // dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
 void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst);
 
+// dst[p][d] = bf16 pair (rows 2p and 2p + 1, head dim d) of a bf16 source, for products whose sums
+// run over the rows (dK = dS^T Q, dV = P^T dO); rows past nq are zero. lanes/2 pairs of rows.
+void pack_row_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst);
+
 }  // namespace ringattn::kernels::cpu

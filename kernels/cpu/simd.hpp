@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/types.hpp"
+
 #if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
 #include <immintrin.h>
 #endif
@@ -38,6 +40,18 @@ struct Isa {
   static Pairs load_pairs(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static Pairs set1_pair(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static V dot_pairs(V acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+  // The W lanes of v rounded to bf16 (nearest even), stored as W consecutive bf16 values.
+  static void store_bf16(bf16_bits* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+  // Lane i of lo and of hi rounded to bf16 and paired (lo in the low half): the operand layout
+  // of dot_pairs when the reduction runs over two rows of vectors.
+  static Pairs pair_bf16(V lo, V hi) {
+    const __m512i a = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    const __m512i b = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    return _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+  }
+  static void store_pairs(uint32_t* p, Pairs x) { _mm512_storeu_si512(p, x); }
 #else
   static constexpr const char* kName = "avx512";
   static constexpr bool kHasBf16Dot = false;

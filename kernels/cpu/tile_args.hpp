@@ -70,8 +70,13 @@ struct BackwardTileRef {
   const int64_t* lane_hi;
   const int64_t* lane_brow;
   float* dqt;               // [D][Br] this thread's dQ accumulator for the tile (transposed)
-  const uint32_t* qt_pairs = nullptr;   // bf16 dot path: Q and dO as bf16 pairs [D/2][Br]
+  // bf16 dot path: Q and dO as bf16 pairs over the head dim [D/2][Br] (for S and dP), and as
+  // pairs of consecutive rows [Br/2][D] (lane d holds row 2p, dim d low and row 2p+1 high; for
+  // dK = dS^T Q and dV = P^T dO, whose sums run over the queries). q and dout are then unused.
+  const uint32_t* qt_pairs = nullptr;
   const uint32_t* dot_pairs = nullptr;
+  const uint32_t* q_row_pairs = nullptr;
+  const uint32_t* dout_row_pairs = nullptr;
 };
 
 struct BackwardBlockArgs {
@@ -91,7 +96,10 @@ struct BackwardBlockArgs {
   int64_t block_count;
   int64_t mask_block;
   float* scratch;           // backward_scratch_floats() floats
-  const bf16_bits* k16 = nullptr;  // bf16 dot path: K and V block rows as bf16 (stride kv_stride)
+  // bf16 dot path: K and V block rows as bf16 (stride kv_stride); k and v are then unused.
+  // All five products take bf16 operands with fp32 sums; P and dS are rounded to bf16 for
+  // dV = P^T dO, dK = dS^T Q and dQ = dS K, as FlashAttention-2 does on GPUs.
+  const bf16_bits* k16 = nullptr;
   const bf16_bits* v16 = nullptr;
   float score_scale = 1.0f;        // scale * log2(e), applied to bf16-dot scores
 };
@@ -106,15 +114,21 @@ struct TileKernels {
   void (*backward_block)(const BackwardBlockArgs&);
   float (*fma_loop)(int64_t iters, float seed);  // the benchmark's FMA peak probe
   int fma_flops_per_iter;
-  bool bf16_dot;    // takes bf16 pairs for Q K^T and dO V^T (exact products, fp32 sums)
+  bool bf16_dot;    // takes bf16 pairs (exact products, fp32 sums): forward Q K^T; every backward product
+  float (*bf16_dot_loop)(int64_t iters, float seed);  // the bf16 dot-product peak probe (bf16_dot only)
+  int bf16_dot_flops_per_iter;
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
   // Qt is packed by the driver; here Ot [D][Br] and ST [Bc][Br] plus row statistics.
   return int64_t(head_dim) * t.query_tile + int64_t(t.key_block) * t.query_tile + 8 * t.query_tile;
 }
-inline int64_t backward_scratch_floats(const TileKernels& t) {
-  return 2 * int64_t(t.key_block) * t.query_tile + 4 * t.query_tile;
+inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
+  // ST and dPT [Bc][Br] fp32; on the bf16 path also P and dS as bf16 rows [Bc][Br], dS as pairs
+  // of key rows [Bc/2][Br] and the block's K^T as pairs of key rows [D][Bc/2].
+  const int64_t tile = int64_t(t.key_block) * t.query_tile;
+  const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.key_block / 2) : 0;
+  return 2 * tile + bf16_extra + 4 * t.query_tile;
 }
 
 }  // namespace ringattn::kernels::cpu

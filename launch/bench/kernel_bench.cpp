@@ -1,6 +1,8 @@
 #include "launch/bench/kernel_bench.hpp"
 
 #include <cblas.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -41,13 +44,13 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// Best of a few square sgemms of size n on `threads` threads, GFLOP/s.
-double sgemm_gflops(int threads, int n) {
+// Best of reps - 1 square sgemms of size n on `threads` threads (after one warm-up), GFLOP/s.
+double sgemm_gflops(int threads, int n, int reps = 4) {
   openblas_set_num_threads(threads);
   std::vector<float> a(size_t(n) * n), b(a.size()), c(a.size());
   for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = float(i % 7) * 0.1f;
   double best = 0.0;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     const double t0 = now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const double t = now() - t0;
@@ -56,76 +59,129 @@ double sgemm_gflops(int threads, int n) {
   return best;
 }
 
-std::string torch_key(int64_t head_dim, const std::string& dtype, const std::string& mask, const std::string& pass);
-
-// PyTorch's numbers for the same shapes, keyed "D/causal/pass"; empty when torch is missing.
-std::map<std::string, double> torch_gflops(int64_t L, int64_t H, const std::vector<int64_t>& dims,
-                                           const std::string& dtypes, int threads, int iters,
-                                           std::string& version_note) {
-  std::map<std::string, double> out;
-  char exe[4096] = {0};
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  std::string script = std::getenv("RINGATTN_TORCH_BENCH") ? std::getenv("RINGATTN_TORCH_BENCH") : "";
-  if (script.empty() && n > 0) {
-    std::string dir(exe, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    script = dir + "/../launch/bench/bench_torch_cpu.py";
+// PyTorch's CPU SDPA as a child process (launch/bench/bench_torch_cpu.py) that measures one row
+// when asked, so that its rows and ours interleave: a machine whose speed drifts (other jobs,
+// clocks) then slows both alike, and the per-repeat ratio stays honest. The child gets the same
+// threads and no OPENBLAS_CORETYPE.
+class TorchServer {
+ public:
+  TorchServer(int64_t L, int threads, int iters) {
+    char exe[4096] = {0};
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    std::string script = std::getenv("RINGATTN_TORCH_BENCH") ? std::getenv("RINGATTN_TORCH_BENCH") : "";
+    if (script.empty() && n > 0) {
+      std::string dir(exe, static_cast<size_t>(n));
+      dir = dir.substr(0, dir.rfind('/'));
+      script = dir + "/../launch/bench/bench_torch_cpu.py";
+    }
+    const char* env_python = std::getenv("RINGATTN_PYTHON");  // a Python with torch, e.g. a venv's
+    const std::string python = env_python && *env_python ? env_python : "python3";
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0) return;
+    if (pipe(from_child) != 0) {
+      close(to_child[0]), close(to_child[1]);
+      return;
+    }
+    signal(SIGPIPE, SIG_IGN);  // a child that died answers EOF, not a signal
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(to_child[0], 0), dup2(from_child[1], 1);
+      close(to_child[1]), close(from_child[0]);
+      if (FILE* null = std::fopen("/dev/null", "w")) dup2(fileno(null), 2);
+      unsetenv("OPENBLAS_CORETYPE");
+      const std::string l = std::to_string(L), t = std::to_string(threads), it = std::to_string(iters);
+      execlp(python.c_str(), python.c_str(), script.c_str(), "--seq-len", l.c_str(), "--threads", t.c_str(), "--iters",
+             it.c_str(), static_cast<char*>(nullptr));
+      _exit(3);
+    }
+    close(to_child[0]), close(from_child[1]);
+    if (pid_ < 0) {
+      close(to_child[1]), close(from_child[0]);
+      return;
+    }
+    to_ = to_child[1];
+    from_ = fdopen(from_child[0], "r");
+    std::string header;
+    if (!read_line(header) || field(header, "torch").empty()) {
+      stop();
+      return;
+    }
+    version_ = field(header, "torch") + ", CPU kernel " + field(header, "capability") + ", " +
+               field(header, "threads") + " threads";
   }
-  std::string d_list;
-  for (int64_t d : dims) d_list += (d_list.empty() ? "" : ",") + std::to_string(d);
-  const char* python = std::getenv("RINGATTN_PYTHON");  // a Python with torch, e.g. a venv's
-  const std::string cmd = std::string(python && *python ? python : "python3") + " " + script + " --seq-len " + std::to_string(L) + " --heads " + std::to_string(H) +
-                          " --head-dims " + d_list + " --dtypes " + dtypes + " --threads " + std::to_string(threads) +
-                          " --iters " + std::to_string(iters) + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char line[512];
-  while (fgets(line, sizeof line, p)) {
-    // {"head_dim": 64, "causal": false, "pass": "forward", "seconds": ..., "gflops": ...}
-    std::string s(line);
-    auto field = [&](const std::string& key) {
-      const size_t at = s.find("\"" + key + "\": ");
-      return at == std::string::npos ? std::string() : s.substr(at + key.size() + 4);
-    };
-    const long d = std::strtol(field("head_dim").c_str(), nullptr, 10);
-    const bool causal = field("causal").rfind("true", 0) == 0;
-    const std::string pass = field("pass").rfind("\"forward", 0) == 0 ? "forward" : "backward";
-    const std::string dtype = field("dtype").rfind("\"bf16", 0) == 0 ? "bf16" : "fp32";
-    out[torch_key(d, dtype, causal ? "causal" : "none", pass)] = std::strtod(field("gflops").c_str(), nullptr);
-  }
-  version_note = pclose(p) == 0 && !out.empty()
-                     ? "PyTorch CPU scaled_dot_product_attention, same shapes, dtypes and threads"
-                     : "PyTorch not available (install torch, or point RINGATTN_PYTHON at a Python that has it)";
-  return out;
-}
+  ~TorchServer() { stop(); }
+  bool available() const { return from_ != nullptr; }
+  const std::string& version() const { return version_; }
 
-std::string torch_key(int64_t head_dim, const std::string& dtype, const std::string& mask, const std::string& pass) {
-  return std::to_string(head_dim) + "/" + dtype + "/" + mask + "/" + pass;
-}
+  // Median seconds of forward and backward for one row; false when the child failed.
+  bool measure(int64_t D, DType dtype, bool causal, int64_t H, int64_t Hkv, double& forward, double& backward) {
+    if (!available()) return false;
+    const std::string req = std::to_string(D) + " " + dtype_name(dtype) + " " + (causal ? "1" : "0") + " " +
+                            std::to_string(H) + " " + std::to_string(Hkv) + "\n";
+    std::string answer;
+    if (write(to_, req.data(), req.size()) != static_cast<ssize_t>(req.size()) || !read_line(answer)) {
+      stop();
+      return false;
+    }
+    forward = std::strtod(field(answer, "forward").c_str(), nullptr);
+    backward = std::strtod(field(answer, "backward").c_str(), nullptr);
+    return forward > 0 && backward > 0;
+  }
+
+ private:
+  bool read_line(std::string& out) {
+    char line[1024];
+    if (!from_ || !fgets(line, sizeof line, from_)) return false;
+    out = line;
+    return true;
+  }
+  // The value of "key" in a one-line JSON object (strings without their quotes).
+  static std::string field(const std::string& s, const std::string& key) {
+    size_t at = s.find("\"" + key + "\": ");
+    if (at == std::string::npos) return "";
+    at += key.size() + 4;
+    if (s[at] == '"') return s.substr(at + 1, s.find('"', at + 1) - at - 1);
+    return s.substr(at, s.find_first_of(",}", at) - at);
+  }
+  void stop() {
+    if (to_ >= 0) close(to_), to_ = -1;
+    if (from_) fclose(from_), from_ = nullptr;
+    if (pid_ > 0) waitpid(pid_, nullptr, 0), pid_ = -1;
+  }
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+  std::string version_;
+};
 
 struct Row {
   int64_t head_dim;
   std::string mask, dtype, pass;
-  double seconds, gflops;
+  double seconds, gflops, of_sgemm, of_peak;
+  double torch_gflops, vs_torch;  // 0 when torch did not run
   int wrong;
 };
 
 }  // namespace
 
 int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
-  int64_t L = 8192, H = 8;
+  int64_t L = 8192, H = 8, Hkv = 0;
   std::string head_dims = "64,128", dtypes = "fp32", json_path;
-  int threads = 0, iters = 3;
+  int threads = 0, iters = 3, repeats = 3, sgemm_n = 2048;
   bool no_torch = false;
   po::options_description desc("ringattn bench --kernel options");
   desc.add_options()("help,h", "show this help")
       ("kernel", "benchmark the CPU kernels on one process")
       ("seq-len", po::value(&L)->default_value(8192)->value_name("L"), "sequence length (queries and keys)")
-      ("heads", po::value(&H)->default_value(8)->value_name("H"), "heads (Hkv = H)")
+      ("heads", po::value(&H)->default_value(8)->value_name("H"), "query heads")
+      ("kv-heads", po::value(&Hkv)->default_value(0)->value_name("HKV"), "key/value heads (GQA; 0 = --heads)")
       ("head-dims", po::value(&head_dims)->default_value("64,128")->value_name("D1,D2,..."), "head dims to run")
       ("dtypes", po::value(&dtypes)->default_value("fp32")->value_name("fp32,bf16"), "fp32 and/or bf16, comma-separated")
       ("threads", po::value(&threads)->default_value(0)->value_name("N"), "threads (0 = the node's cores shared among its ranks)")
-      ("iters", po::value(&iters)->default_value(3)->value_name("N"), "timed repetitions (median reported) after one warm-up")
+      ("iters", po::value(&iters)->default_value(3)->value_name("N"), "timed runs per repeat (median) after one warm-up")
+      ("repeats", po::value(&repeats)->default_value(3)->value_name("N"),
+       "repeats of each row, ours and PyTorch's interleaved; the table gives medians over repeats")
+      ("sgemm-size", po::value(&sgemm_n)->default_value(2048)->value_name("N"), "size of the square sgemm yardstick")
       ("no-torch", po::bool_switch(&no_torch), "skip the PyTorch comparison")
       ("json", po::value(&json_path)->value_name("FILE"), "write the table as JSON");
   std::vector<int64_t> dims;
@@ -142,7 +198,9 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
       else if (t == "bf16") types.push_back(DType::bf16);
       else throw UsageError("--dtypes: '" + t + "' is not fp32 or bf16");
     }
-    if (L < 1 || H < 1 || iters < 1 || threads < 0) throw UsageError("--seq-len, --heads, --iters must be positive");
+    if (L < 1 || H < 1 || iters < 1 || repeats < 1 || sgemm_n < 1 || threads < 0)
+      throw UsageError("--seq-len, --heads, --iters, --repeats, --sgemm-size must be positive");
+    if (Hkv < 0 || (Hkv > 0 && H % Hkv != 0)) throw UsageError("--kv-heads must divide --heads (or be 0)");
   });
   if (help) {
     if (ctx.world.rank() == 0) std::cout << desc << "\n";
@@ -153,19 +211,32 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
     return 0;
   }
   if (!threads) threads = ctx.default_threads();
+  if (!Hkv) Hkv = H;
 
   const double peak = kernels::measure_fma_peak_gflops(threads);
-  const double sgemm = sgemm_gflops(threads, 2048);
-  std::string torch_note = "PyTorch comparison skipped (--no-torch)";
-  const auto torch = no_torch ? std::map<std::string, double>{} : torch_gflops(L, H, dims, dtypes, threads, iters, torch_note);
+  const double peak16 = kernels::measure_bf16_dot_peak_gflops(threads);
+  const double sgemm_start = sgemm_gflops(threads, sgemm_n);
+  std::unique_ptr<TorchServer> torch;
+  if (!no_torch) torch = std::make_unique<TorchServer>(L, threads, iters);
+  const std::string torch_note =
+      no_torch ? "PyTorch comparison skipped (--no-torch)"
+      : torch->available() ? "PyTorch " + torch->version() + ", CPU scaled_dot_product_attention, same shapes and dtypes, interleaved row by row"
+                           : "PyTorch not available (install torch, or point RINGATTN_PYTHON at a Python that has it)";
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
 
-  std::printf("# ringattn kernel benchmark: CPU attention vs sgemm and FMA peak on the same cores, same run\n");
+  std::printf("# ringattn kernel benchmark: CPU attention vs sgemm and peak on the same cores, same run\n");
   std::printf("# cpu: %s, isa %s, %d thread%s\n", cpu_model().c_str(), kernels::cpu_isa(), threads, threads > 1 ? "s" : "");
-  std::printf("# fma peak: %.1f GFLOP/s   sgemm (OpenBLAS %s, n = 2048): %.1f GFLOP/s%s\n", peak,
-              openblas_get_corename(), sgemm, coretype ? "  [OPENBLAS_CORETYPE is set: sgemm may be slowed]" : "");
+  std::printf("# fma peak: %.1f GFLOP/s   bf16 dot peak: %.1f GFLOP/s   sgemm (OpenBLAS %s, n = %d): %.1f GFLOP/s%s%s\n",
+              peak, peak16, openblas_get_corename(), sgemm_n, sgemm_start, coretype ? "  [OPENBLAS_CORETYPE=" : "",
+              coretype ? (std::string(coretype) + "]").c_str() : "");
+  if (std::string(openblas_get_corename()) == "Prescott")  // its fallback for CPUs it does not know
+    std::printf("# [OpenBLAS does not know this CPU and runs its SSE3 kernels: for a fair sgemm set\n"
+                "#  OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2); PyTorch is started without it]\n");
   std::printf("# shapes: batch 1, seq_len %lld, heads %lld (kv %lld); FLOPs: forward 4*B*H*D*visible pairs, backward 2.5x\n",
-              (long long)L, (long long)H, (long long)H);
+              (long long)L, (long long)H, (long long)Hkv);
+  std::printf("# backward time includes delta = rowsum(dO * O); %%sgemm: against an sgemm run beside each repeat;\n"
+              "# %%peak: fp32 rows against the FMA peak, bf16 rows against the bf16 dot peak; medians of %d repeat%s\n",
+              repeats, repeats > 1 ? "s" : "");
   std::printf("# torch: %s\n", torch_note.c_str());
   std::printf("#%5s %-7s %-5s %-9s %9s %9s %7s %7s %10s %8s %7s\n", "D", "mask", "dtype", "pass", "time_s", "GFLOP/s",
               "%sgemm", "%peak", "torch_GF/s", "vs_torch", "#wrong");
@@ -180,12 +251,13 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   for (int64_t D : dims)
     for (DType dtype : types)
       for (bool causal : {false, true}) {
-        const kernels::AttentionDims kd{1, H, H, D, 1.0f / std::sqrt(float(D))};
-        const size_t n = size_t(L * H * D);
-        std::vector<float> q(n), k(n), v(n), dout(n), o(n), lse(size_t(H * L)), delta(lse.size()), dq(n), dk(n), dv(n);
+        const kernels::AttentionDims kd{1, H, Hkv, D, 1.0f / std::sqrt(float(D))};
+        const size_t n = size_t(L * H * D), nkv = size_t(L * Hkv * D);
+        std::vector<float> q(n), k(nkv), v(nkv), dout(n), o(n), lse(size_t(H * L)), delta(lse.size()), dq(n), dk(nkv),
+            dv(nkv);
         random_rows(q.data(), 1, RandomTensor::q, 1, L, H * D, pos.data(), L);
-        random_rows(k.data(), 1, RandomTensor::k, 1, L, H * D, pos.data(), L);
-        random_rows(v.data(), 1, RandomTensor::v, 1, L, H * D, pos.data(), L);
+        random_rows(k.data(), 1, RandomTensor::k, 1, L, Hkv * D, pos.data(), L);
+        random_rows(v.data(), 1, RandomTensor::v, 1, L, Hkv * D, pos.data(), L);
         random_rows(dout.data(), 1, RandomTensor::dout, 1, L, H * D, pos.data(), L);
         std::vector<bf16_bits> qb, kb, vb, db;
         const void *qp = q.data(), *kp = k.data(), *vp = v.data(), *dp = dout.data();
@@ -205,48 +277,69 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
         kernels::CpuOptions opt;
         opt.threads = threads;
         const double flops = 4.0 * H * D * double(causal ? L * (L + 1) / 2 : L * L);
+        const double row_peak = dtype == DType::bf16 && peak16 > 0 ? peak16 : peak;
 
-        std::vector<double> tf, tb;
-        for (int it = 0; it <= iters; ++it) {
-          std::fill(o.begin(), o.end(), 0.0f);
-          std::fill(lse.begin(), lse.end(), -INFINITY);
-          double t0 = now();
-          kernels::attention_forward(kd, qr, kvr, mv, kernels::AttentionState{o.data(), lse.data()}, opt);
-          if (it) tf.push_back(now() - t0);
-          kernels::attention_delta(kd, L, o.data(), dp, dtype, delta.data());
-          std::fill(dq.begin(), dq.end(), 0.0f), std::fill(dk.begin(), dk.end(), 0.0f), std::fill(dv.begin(), dv.end(), 0.0f);
-          t0 = now();
-          kernels::attention_backward(kd, qr, kvr, dp, lse.data(), delta.data(), dq.data(), dk.data(), dv.data(), mv, opt);
-          if (it) tb.push_back(now() - t0);
+        // Per repeat: ours (median of iters, after a warm-up on the first), PyTorch's, and an sgemm.
+        std::vector<double> ours_f, ours_b, torch_f, torch_b, vs_f, vs_b, sg_f, sg_b;
+        for (int rep = 0; rep < repeats; ++rep) {
+          std::vector<double> tf, tb;
+          for (int it = rep ? 1 : 0; it <= iters; ++it) {
+            std::fill(o.begin(), o.end(), 0.0f);
+            std::fill(lse.begin(), lse.end(), -INFINITY);
+            double t0 = now();
+            kernels::attention_forward(kd, qr, kvr, mv, kernels::AttentionState{o.data(), lse.data()}, opt);
+            if (it) tf.push_back(now() - t0);
+            std::fill(dq.begin(), dq.end(), 0.0f), std::fill(dk.begin(), dk.end(), 0.0f), std::fill(dv.begin(), dv.end(), 0.0f);
+            t0 = now();  // the backward pass includes delta, as PyTorch's and the ring's do
+            kernels::attention_delta(kd, L, o.data(), dp, dtype, delta.data());
+            kernels::attention_backward(kd, qr, kvr, dp, lse.data(), delta.data(), dq.data(), dk.data(), dv.data(), mv, opt);
+            if (it) tb.push_back(now() - t0);
+          }
+          const double gf = flops / median(tf) / 1e9, gb = 2.5 * flops / median(tb) / 1e9;
+          ours_f.push_back(gf), ours_b.push_back(gb);
+          const double sg = sgemm_gflops(threads, sgemm_n, 2);
+          sg_f.push_back(gf / sg), sg_b.push_back(gb / sg);
+          double sf = 0.0, sb = 0.0;
+          if (torch && torch->measure(D, dtype, causal, H, Hkv, sf, sb)) {
+            torch_f.push_back(flops / sf / 1e9), torch_b.push_back(2.5 * flops / sb / 1e9);
+            vs_f.push_back(gf * sf / flops * 1e9), vs_b.push_back(gb * sb / (2.5 * flops) * 1e9);
+          }
         }
 
         // The benchmark is also a test: 8 sampled query rows (O, LSE, dQ) and key rows (dK, dV), judged
         // by kernels/error_rule.hpp against fp64 and the same-precision reference.
         const std::vector<int64_t> sample = {0, 1, L / 3, L / 2, L - 2, L - 1, 7 % L, (L * 5) / 7};
         const kernels::SampledErrors errors = kernels::check_sampled_rows(
-            kernels::WholeProblem{kd, L, mv, q.data(), k.data(), v.data(), dout.data()},
+            kernels::WholeProblem{kd, L, mv, q.data(), k.data(), v.data(), dout.data(), kernels::cpu_same_precision(dtype)},
             kernels::KernelResults{o.data(), lse.data(), dq.data(), dk.data(), dv.data()}, sample);
         const int fwd_wrong = errors.wrong_forward(), bwd_wrong = errors.wrong_backward();
         total_wrong += fwd_wrong + bwd_wrong;
 
         const std::string mname = causal ? "causal" : "none";
         for (int pass = 0; pass < 2; ++pass) {
-          const double t = median(pass ? tb : tf);
-          const double g = (pass ? 2.5 : 1.0) * flops / t / 1e9;
+          const double g = median(pass ? ours_b : ours_f);
+          const double t = (pass ? 2.5 : 1.0) * flops / g / 1e9;
           const std::string pname = pass ? "backward" : "forward";
-          Row r{D, mname, dtype_name(dtype), pname, t, g, pass ? bwd_wrong : fwd_wrong};
+          const std::vector<double>& tg = pass ? torch_b : torch_f;
+          const std::vector<double>& vt = pass ? vs_b : vs_f;
+          Row r{D, mname, dtype_name(dtype), pname, t, g, median(pass ? sg_b : sg_f), g / row_peak,
+                tg.empty() ? 0.0 : median(tg), vt.empty() ? 0.0 : median(vt), pass ? bwd_wrong : fwd_wrong};
           rows.push_back(r);
-          const auto it = torch.find(torch_key(D, dtype_name(dtype), mname, pname));
           char tcol[32] = "n/a", rcol[32] = "n/a";
-          if (it != torch.end()) {
-            std::snprintf(tcol, sizeof tcol, "%.1f", it->second);
-            std::snprintf(rcol, sizeof rcol, "%.2fx", g / it->second);
+          if (r.torch_gflops > 0) {
+            std::snprintf(tcol, sizeof tcol, "%.1f", r.torch_gflops);
+            std::snprintf(rcol, sizeof rcol, "%.2fx", r.vs_torch);
           }
           std::printf(" %5lld %-7s %-5s %-9s %9.4f %9.1f %6.1f%% %6.1f%% %10s %8s %7d\n", (long long)D, mname.c_str(),
-                      dtype_name(dtype), pname.c_str(), t, g, 100.0 * g / sgemm, 100.0 * g / peak, tcol, rcol, r.wrong);
+                      dtype_name(dtype), pname.c_str(), t, g, 100.0 * r.of_sgemm, 100.0 * r.of_peak, tcol, rcol, r.wrong);
           std::fflush(stdout);
         }
       }
+  std::vector<double> all_vs;
+  for (const Row& r : rows)
+    if (r.vs_torch > 0) all_vs.push_back(r.vs_torch);
+  if (!all_vs.empty())
+    std::printf("# vs torch: median row %.2fx, lowest %.2fx\n", median(all_vs), *std::min_element(all_vs.begin(), all_vs.end()));
   std::printf("# %s: %d wrong values against the fp64 reference\n", total_wrong ? "FAILED" : "OK", total_wrong);
 
   if (!json_path.empty()) {
@@ -254,12 +347,16 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
     Json cfg = Json::object();
     cfg["seq_len"] = L;
     cfg["heads"] = H;
+    cfg["kv_heads"] = Hkv;
     cfg["threads"] = threads;
+    cfg["repeats"] = repeats;
     cfg["isa"] = kernels::cpu_isa();
     cfg["cpu"] = cpu_model();
     cfg["fma_peak_gflops"] = peak;
-    cfg["sgemm_gflops"] = sgemm;
+    cfg["bf16_dot_peak_gflops"] = peak16;
+    cfg["sgemm_gflops"] = sgemm_start;
     cfg["openblas_core"] = openblas_get_corename();
+    if (torch && torch->available()) cfg["torch"] = torch->version();
     j["config"] = cfg;
     Json pts = Json::array();
     for (const Row& r : rows) {
@@ -270,10 +367,9 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
       p["pass"] = r.pass;
       p["seconds"] = r.seconds;
       p["gflops"] = r.gflops;
-      p["fraction_of_sgemm"] = r.gflops / sgemm;
-      p["fraction_of_peak"] = r.gflops / peak;
-      const auto it = torch.find(torch_key(r.head_dim, r.dtype, r.mask, r.pass));
-      if (it != torch.end()) p["torch_gflops"] = it->second;
+      p["fraction_of_sgemm"] = r.of_sgemm;
+      p["fraction_of_peak"] = r.of_peak;
+      if (r.torch_gflops > 0) p["torch_gflops"] = r.torch_gflops, p["vs_torch"] = r.vs_torch;
       p["wrong"] = r.wrong;
       pts.push_back(p);
     }

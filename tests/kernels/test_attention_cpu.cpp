@@ -24,8 +24,9 @@ using kernels::QueryRows;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Plain fp32 computation: the same-precision baseline for tolerances.
-Outputs run_naive_fp32(const Problem& p) {
+// Plain fp32 computation: the same-precision baseline for tolerances. With `bf16_products` the
+// backward rounds P and dS to bf16 before their products (the bf16 kernels' contract).
+Outputs run_naive_fp32(const Problem& p, bool bf16_products = false) {
   Outputs r;
   r.o.assign(p.q_elems(), 0.0f);
   r.lse.assign(p.lse_elems(), 0.0f);
@@ -37,9 +38,9 @@ Outputs run_naive_fp32(const Problem& p) {
   r.dq.assign(p.q_elems(), 0.0f);
   r.dk.assign(p.k_elems(), 0.0f);
   r.dv.assign(p.k_elems(), 0.0f);
-  kernels::naive_backward_fp32(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
-                               p.k_pos.data(), p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask,
-                               r.dq.data(), r.dk.data(), r.dv.data());
+  auto* backward = bf16_products ? &kernels::naive_backward_bf16 : &kernels::naive_backward_fp32;
+  backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(), p.rows_k(),
+           p.dout.data(), r.lse.data(), delta.data(), mask, r.dq.data(), r.dk.data(), r.dv.data());
   return r;
 }
 
@@ -56,9 +57,12 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
 // in the exponent) into the gradients, differently for every summation order: allow more there.
 constexpr double kHugeScoreFactor = 16.0;
 
+// Whether bf16 inputs take the bf16 dot-product path, whose backward rounds P and dS to bf16.
+bool bf16_products(DType dtype) { return dtype == DType::bf16 && std::string(kernels::cpu_isa()) == "avx512bf16"; }
+
 void check_problem(const Problem& p, DType dtype = DType::f32, int threads = 2, double factor = 4.0) {
   const Outputs got = run_cpu_kernels(p, dtype, threads);
-  const Outputs naive = run_naive_fp32(p);
+  const Outputs naive = run_naive_fp32(p, bf16_products(dtype));
   const RefOutputs ref = run_reference(p);
   for (float x : got.lse) ASSERT_FALSE(std::isnan(x));
   for (size_t i = 0; i < got.lse.size(); ++i)
