@@ -59,6 +59,7 @@ struct Group {
 
 struct WarpExchange {
   float values[2][32];  // alternating: a lane may write the next shuffle's value before all read this one
+  const unsigned char* rows[2][32];  // ldmatrix row addresses, alternating likewise
   uint32_t a[32][4];
   uint32_t b[32][2];
   float c[32][4];
@@ -94,6 +95,7 @@ struct Block {
   std::vector<Group> warps;
   std::vector<WarpExchange> exchange;
   std::vector<int> shuffle_parity;  // per lane: which of the two shuffle buffers is next
+  std::vector<int> matrix_parity;   // per lane: which of the two ldmatrix address buffers is next
   ucontext_t scheduler{};
   void* scheduler_sp = nullptr;
   int current = -1;
@@ -195,6 +197,7 @@ void run_block(const std::function<void()>& body, dim3 grid, dim3 block, uint3 b
   b.warps.resize(size_t(warps));
   b.exchange.resize(size_t(warps));
   b.shuffle_parity.assign(size_t(threads), 0);
+  b.matrix_parity.assign(size_t(threads), 0);
   for (int w = 0; w < warps; ++w) b.warps[size_t(w)].live = std::min(32, threads - 32 * w);
   Block* outer = g_block;
   g_block = &b;
@@ -270,6 +273,34 @@ float shuffle(float value, int source_lane) {
   values[t % 32] = value;
   sync_warp();  // a lane can then write the other buffer, but this one only after the next barrier
   return values[source_lane & 31];
+}
+
+void load_matrix(uint32_t* out, int matrices, bool transpose, const void* row_address) {
+  const int t = thread_index(), lane = t % 32;
+  if (g_block->warps[size_t(t / 32)].live != 32) fail("ldmatrix needs all 32 lanes of the warp");
+  if (matrices != 1 && matrices != 2 && matrices != 4) fail("ldmatrix loads 1, 2 or 4 matrices");
+  const auto* address = static_cast<const unsigned char*>(row_address);
+  if (lane < 8 * matrices) {
+    if (reinterpret_cast<uintptr_t>(address) % 16 != 0) fail("ldmatrix row address not 16-byte aligned");
+    bool inside = false;
+    for (unsigned char* s : shared_buffers())
+      inside = inside || (address >= s && address + 16 <= s + kSharedBytes);
+    if (!inside) fail("ldmatrix row address outside shared memory");
+  }
+  WarpExchange& ex = g_block->exchange[size_t(t / 32)];
+  int& parity = g_block->matrix_parity[size_t(t)];
+  const unsigned char* const* rows = ex.rows[parity];
+  ex.rows[parity][lane] = address;
+  parity ^= 1;
+  sync_warp();  // every lane's address is in; this buffer is rewritten only after the next barrier
+  const int r = lane / 4, c = 2 * (lane % 4);
+  auto element = [&](int matrix, int row, int col) {
+    uint16_t v;
+    std::memcpy(&v, rows[8 * matrix + row] + 2 * col, 2);
+    return uint32_t(v);
+  };
+  for (int i = 0; i < matrices; ++i)
+    out[i] = transpose ? element(i, c, r) | (element(i, c + 1, r) << 16) : element(i, r, c) | (element(i, r, c + 1) << 16);
 }
 
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaInput input) {

@@ -111,6 +111,13 @@ void async_copy(void* shared_dst, const void* global_src, size_t bytes);
 void async_commit();
 void async_wait(int groups_in_flight);
 
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16: lanes 8i..8i+7 give the shared-memory
+// addresses of the eight 16-byte rows of matrix i; register i of lane t receives matrix i's
+// elements (t / 4, 2 (t % 4)) and (t / 4, 2 (t % 4) + 1), or with .trans (2 (t % 4), t / 4) and
+// (2 (t % 4) + 1, t / 4), the lower one in the low half. `row_address` must be 16-byte aligned
+// and inside the block's shared memory.
+void load_matrix(uint32_t* out, int matrices, bool transpose, const void* row_address);
+
 enum class MmaInput { bf16, f16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaInput input);
 

@@ -28,9 +28,14 @@ bool forced_simple() {
   throw std::invalid_argument(std::string("RINGATTN_CUDA_KERNEL=") + env + ": expected auto, tensor_core or simple");
 }
 
+// The tensor-core kernels divide positions by the block mask's block size in 32 bits.
+bool block_mask_fits_32_bits(const MaskView& mask) {
+  return !mask.has_block_mask() || (mask.mask_block > 0 && mask.block_count * mask.mask_block < (int64_t(1) << 31));
+}
+
 bool use_tensor_cores(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
-                      const void* dout, const CudaOptions& options, const char* what) {
-  const bool supported = cuda_tensor_cores_apply(dims, type, q, k, v, dout);
+                      const void* dout, const MaskView& mask, const CudaOptions& options, const char* what) {
+  const bool supported = cuda_tensor_cores_apply(dims, type, q, k, v, dout) && block_mask_fits_32_bits(mask);
   switch (options.kernel) {
     case CudaKernel::simple:
       return false;
@@ -38,7 +43,8 @@ bool use_tensor_cores(const AttentionDims& dims, ElementType type, const void* q
       if (!supported)
         throw std::invalid_argument(std::string(what) +
                                     ": the tensor-core kernels need bf16 or fp16 inputs, head_dim "
-                                    "64 or 128 and 16-byte aligned pointers");
+                                    "64, 96, 128 or 256, 16-byte aligned pointers and a block mask of "
+                                    "fewer than 2^31 positions");
       return true;
     case CudaKernel::automatic:
       break;
@@ -116,7 +122,7 @@ bool cuda_supports_head_dim(int64_t head_dim) { return head_dim >= 1 && head_dim
 bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
                              const void* dout) {
   if (type == ElementType::f32) return false;
-  if (dims.head_dim != 64 && dims.head_dim != 128) return false;
+  if (dims.head_dim != 64 && dims.head_dim != 96 && dims.head_dim != 128 && dims.head_dim != 256) return false;
   for (const void* p : {q, k, v, dout})
     if (p && !gpu::aligned(p, 16)) return false;
   return true;
@@ -124,7 +130,8 @@ bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const 
 
 const char* cuda_kernel_name(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
                              const CudaOptions& options) {
-  return use_tensor_cores(dims, type, q, k, v, nullptr, options, "cuda_kernel_name") ? "tensor_core" : "simple";
+  const bool tensor = use_tensor_cores(dims, type, q, k, v, nullptr, MaskView{}, options, "cuda_kernel_name");
+  return tensor ? "tensor_core" : "simple";
 }
 
 void cuda_attention_forward(const AttentionDims& dims, const CudaQueryRows& q, const CudaKeyValueRows& kv,
@@ -134,7 +141,7 @@ void cuda_attention_forward(const AttentionDims& dims, const CudaQueryRows& q, c
   AttentionParams p = make_params(dims, q, kv, mask);
   p.o = state.o;
   p.lse = state.lse;
-  if (use_tensor_cores(dims, q.type, q.data, kv.k, kv.v, nullptr, options, "cuda_attention_forward")) {
+  if (use_tensor_cores(dims, q.type, q.data, kv.k, kv.v, nullptr, mask, options, "cuda_attention_forward")) {
     if (!gpu::aligned(state.o, 8))
       throw std::invalid_argument("cuda_attention_forward: the state's O must be 8-byte aligned");
     gpu::forward_tensor_core(p, options.stream);
@@ -155,7 +162,7 @@ void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, 
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;
-  if (use_tensor_cores(dims, q.type, q.data, kv.k, kv.v, dout, options, "cuda_attention_backward")) {
+  if (use_tensor_cores(dims, q.type, q.data, kv.k, kv.v, dout, mask, options, "cuda_attention_backward")) {
     if (!gpu::aligned(dq, 8) || !gpu::aligned(dk, 8) || !gpu::aligned(dv, 8))
       throw std::invalid_argument("cuda_attention_backward: dq, dk and dv must be 8-byte aligned");
     gpu::backward_tensor_core(p, options.stream);

@@ -4,8 +4,9 @@
 // RINGATTN_HAVE_CUDA; compiled for sm_80 and newer.
 //
 // Two implementations behind one call:
-//  - tensor cores (mma.sync m16n8k16, bf16 or fp16 inputs, head dims 64 and 128): FlashAttention-2
-//    tiles, P and dS rounded to the input type for their products, fp32 accumulation;
+//  - tensor cores (mma.sync m16n8k16 fed by ldmatrix, bf16 or fp16 inputs, head dims 64, 96, 128
+//    and 256): FlashAttention-2 tiles, P and dS rounded to the input type for their products, fp32
+//    accumulation;
 //  - "simple" CUDA-core fp32 kernels for every other case (fp32 inputs, other head dims up to 256),
 //    also selectable for any input as a cross-check (CudaOptions::kernel, RINGATTN_CUDA_KERNEL=simple).
 // Both skip key blocks the mask hides before any arithmetic (kernels/mask/tile_plan.hpp) and
@@ -58,11 +59,12 @@ struct CudaOptions {
   CudaKernel kernel = CudaKernel::automatic;
 };
 
-// True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64 or 128, and
-// 16-byte aligned Q/K/V/dO pointers. (RINGATTN_CUDA_KERNEL=simple turns `automatic` to simple.)
+// True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64, 96, 128 or 256,
+// and 16-byte aligned Q/K/V/dO pointers (and, checked per call, a block mask of fewer than 2^31
+// positions). (RINGATTN_CUDA_KERNEL=simple turns `automatic` to simple.)
 bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
                              const void* dout = nullptr);
-// Head dims any CUDA kernel supports: 1..256 (the tensor-core path: 64 and 128).
+// Head dims any CUDA kernel supports: 1..256 (the tensor-core path: 64, 96, 128 and 256).
 bool cuda_supports_head_dim(int64_t head_dim);
 // Which kernel a call with these options and inputs runs: "tensor_core" or "simple".
 const char* cuda_kernel_name(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,

@@ -10,9 +10,12 @@
 //                dV += P^T dO, dK += dS^T Q.
 //
 // Each output row is written by exactly one CTA, so results do not depend on scheduling; the
-// price is recomputing S and dP in both kernels (7 matrix products per tile pair instead of 5).
+// price is recomputing S and dP in both kernels (7 matrix products per tile pair instead of
+// FlashAttention-2's 5, whose dQ is summed over key blocks with atomics, in no fixed order).
 // Both kernels double-buffer the tiles they stream (K/V blocks, or Q/dO tiles) with cp.async
-// (tile_pipeline.cuh).
+// (tile_pipeline.cuh) and load every fragment with ldmatrix (.trans for the k-major operands).
+// At D = 256 the dQ kernel takes blocks of 32 keys and two dK/dV CTAs share each key block, each
+// accumulating half of the columns (BackwardTiles).
 // Rows that saw no key (LSE = -inf) get P = 0 and contribute nothing.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -26,9 +29,19 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kDqRows = 64;  // dQ kernel: query rows per CTA
-constexpr int kDqKeys = 64;  // dQ kernel: keys per block
 constexpr int kKvKeys = 64;  // dK/dV kernel: keys per CTA
 constexpr int kKvRows = 32;  // dK/dV kernel: query rows per tile
+
+// Per head dim. dQ kernel: keys per block (32 at D = 256, so that the double-buffered blocks fit
+// sm_80's shared memory). dK/dV kernel: the dK/dV columns one CTA accumulates; at D = 256 two
+// CTAs share a key block, each with half the columns (each recomputes S and dP, whose 256 + 256
+// accumulator registers per thread would otherwise spill).
+template <int D>
+struct BackwardTiles {
+  static constexpr int kDqKeys = D <= 128 ? 64 : 32;
+  static constexpr int kKvColumns = D <= 128 ? D : 128;
+  static constexpr int kColumnSplits = D / kKvColumns;
+};
 
 // dQ kernel: the query tile (Q, dO, row statistics), then the double-buffered K/V blocks.
 template <int D>
@@ -37,7 +50,7 @@ __host__ __device__ constexpr size_t dq_tile_bytes() {
 }
 template <int D>
 __host__ __device__ constexpr size_t dq_smem() {
-  return dq_tile_bytes<D>() + KeyBlocks<D, kDqKeys, kThreads>::shared_bytes();
+  return dq_tile_bytes<D>() + KeyBlocks<D, BackwardTiles<D>::kDqKeys, kThreads>::shared_bytes();
 }
 
 // dK/dV kernel: the key block (K, V, positions), then the double-buffered query tiles.
@@ -52,6 +65,7 @@ __host__ __device__ constexpr size_t dkdv_smem() {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
+  constexpr int kDqKeys = BackwardTiles<D>::kDqKeys;
   constexpr int LD = D + 8;
   constexpr int NT = kDqKeys / 8;
   constexpr int DT = D / 8;
@@ -63,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   float* lse2 = reinterpret_cast<float*>(rmask + kDqRows);
   float* dlt = lse2 + kDqRows;
 
-  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  // Causal: the last query tiles see the most keys; they start first (heaviest first).
+  const int64_t tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = int(blockIdx.y) / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kDqRows, tile);
   KeyBlocks<D, kDqKeys, kThreads> keys(p, qspan, b, kvh, smem + dq_tile_bytes<D>(), tid);
@@ -92,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
         const int col = nt * 8 + 2 * quad_lane + (e & 1);
         const int r = rows[e >> 1];
         bool ok = col < kspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[r], kpos[col]);
+        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[r], kpos[col]);
         const float pr = ok ? exp2f(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
         s[nt][e] = pr * (dp[nt][e] - dlt[r]);
       }
@@ -115,16 +130,21 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
+  constexpr int kColumns = BackwardTiles<D>::kKvColumns;  // of dK and dV, from column c0
+  constexpr int kSplits = BackwardTiles<D>::kColumnSplits;
   constexpr int LD = D + 8;
   constexpr int NT = kKvRows / 8;  // query n-tiles
-  constexpr int DT = D / 8;
+  constexpr int DT = kColumns / 8;
   constexpr int KC = D / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);  // [kKvKeys][LD]
   uint16_t* vs = ks + kKvKeys * LD;                  // [kKvKeys][LD]
   int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKvKeys * LD);
 
-  const int64_t kb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // Key block kb's first columns split in blockIdx.x % kSplits (a power of 2: no division). The
+  // first key blocks are seen by the most causal queries, and start first.
+  const int64_t kb = blockIdx.x / kSplits, kvh = blockIdx.y, b = blockIdx.z;
+  const int c0 = int(blockIdx.x % kSplits) * kColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKvKeys, kb);
   QueryTiles<D, kKvRows, kThreads> queries(p, kspan, b, kvh, smem + kv_block_bytes<D>(), tid);
@@ -156,19 +176,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
         const int key = keys[e >> 1];
         const int col = nt * 8 + 2 * quad_lane + (e & 1);  // query within the tile
         bool ok = key < kspan.count && col < qspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[col], kpos[key]);
+        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[col], kpos[key]);
         const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
         st[nt][e] = pr;
         dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
       }
-    accumulate_product<T, kKvRows / 16, DT>(st, dos, LD, lane, dv);  // dV += P^T dO
-    accumulate_product<T, kKvRows / 16, DT>(dpt, qs, LD, lane, dk);  // dK += dS^T Q
+    accumulate_product<T, kKvRows / 16, DT>(st, dos + c0, LD, lane, dv);  // dV += P^T dO
+    accumulate_product<T, kKvRows / 16, DT>(dpt, qs + c0, LD, lane, dk);  // dK += dS^T Q
   });
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     if (keys[rr] >= kspan.count) continue;
-    const int64_t at = ((krow0 + keys[rr]) * p.kv_heads + kvh) * D + 2 * quad_lane;
+    const int64_t at = ((krow0 + keys[rr]) * p.kv_heads + kvh) * D + c0 + 2 * quad_lane;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       float2 x = *reinterpret_cast<float2*>(p.dk + at + dt * 8);
@@ -183,10 +203,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   }
 }
 
+// Opted in unconditionally (a no-op below 48 KiB), so that a bad size fails here, named.
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 template <class T, int D>
@@ -198,7 +218,7 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
                 stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("backward_tensor_core dq");
 
-  const int64_t blocks = tile_count(p.k_rows, kKvKeys);
+  const int64_t blocks = tile_count(p.k_rows, kKvKeys) * BackwardTiles<D>::kColumnSplits;
   check_grid(blocks, p.kv_heads, p.batch, "cuda_attention_backward");
   allow_smem(dkdv_kernel<T, D>, dkdv_smem<D>());
   launch_kernel(dkdv_kernel<T, D>, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), kThreads,
@@ -210,10 +230,16 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 void backward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
   const bool bf16 = p.type == ElementType::bf16;
-  if (p.head_dim == 64)
-    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  else
-    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+  switch (p.head_dim) {
+    case 64:
+      return bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+    case 96:
+      return bf16 ? launch<__nv_bfloat16, 96>(p, stream) : launch<__half, 96>(p, stream);
+    case 128:
+      return bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+    default:
+      return bf16 ? launch<__nv_bfloat16, 256>(p, stream) : launch<__half, 256>(p, stream);
+  }
 }
 
 }  // namespace ringattn::kernels::gpu

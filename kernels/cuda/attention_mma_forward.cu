@@ -1,13 +1,15 @@
 // Tensor-core forward pass (FlashAttention-2 tiling, mma.sync m16n8k16, bf16/fp16 in, fp32 out).
 //
 // CTA = 4 warps = a tile of 64 query rows for one (head, batch); warp w owns rows 16w..16w+15.
-// The Q tile is staged in shared memory once and its A fragments kept in registers; the visible
-// blocks of 64 keys pass through two shared-memory buffers (the next block's K and V are copied
-// with cp.async while this one is computed, tile_pipeline.cuh); S = Q K^T is computed into
-// registers, masked (partial blocks only) and turned into P with the online softmax, and
-// O += P V with P rounded to the input type. Key blocks are visited in ascending order; blocks
-// the mask hides are skipped before any load (tile_plan.hpp). The incoming partial state (O, LSE)
-// is the starting point, so the call merges into it exactly as attention_forward does on the CPU.
+// The Q tile is staged in shared memory once and its A fragments kept in registers (D <= 128);
+// the visible blocks of keys (64, or 32 at D = 256) pass through two shared-memory buffers (the
+// next block's K and V are copied with cp.async while this one is computed, tile_pipeline.cuh);
+// S = Q K^T is computed into registers (fragments by ldmatrix, mma.cuh), masked (partial blocks
+// only) and turned into P with the online softmax, and O += P V with P rounded to the input type
+// (V's fragments by ldmatrix.trans). Key blocks are visited in ascending order; blocks the mask
+// hides are skipped before any load (their kinds classified once per CTA, tile_pipeline.cuh).
+// The incoming partial state (O, LSE) is the starting point, so the call merges into it exactly
+// as attention_forward does on the CPU.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
@@ -18,38 +20,49 @@ namespace ringattn::kernels::gpu {
 namespace {
 
 constexpr int kRows = 64;  // query rows per CTA
-constexpr int kKeys = 64;  // keys per block
 constexpr int kThreads = 128;
 
-// Q tile and the rows' element masks, then the double-buffered K/V blocks (tile_pipeline.cuh).
+// Per head dim: keys per block, and whether the warps keep their Q fragments in registers for
+// the whole kernel (D <= 128) or read them from shared memory per block (D = 256, where 64 more
+// registers would spill). Shared memory per CTA (D = 64 / 96 / 128 / 256): 38 / 56 / 72 / 103 KiB
+// (the Q tile of D <= 128 is staged in the second K/V buffer before the loop starts), so that
+// three CTAs fit on an sm_90 multiprocessor at D = 128 and two on sm_80, and D = 256 fits on both.
 template <int D>
-__host__ __device__ constexpr size_t q_tile_bytes() {
-  return sizeof(uint16_t) * size_t(kRows) * (D + 8) + sizeof(RowMask) * kRows;
-}
-template <int D>
-__host__ __device__ constexpr size_t forward_smem() {
-  return q_tile_bytes<D>() + KeyBlocks<D, kKeys, kThreads>::shared_bytes();
-}
+struct ForwardTiles {
+  static constexpr int kKeys = D <= 128 ? 64 : 32;
+  static constexpr bool kQInRegisters = D <= 128;
+  using Keys = KeyBlocks<D, kKeys, kThreads>;
+  static constexpr size_t kMaskBytes = sizeof(RowMask) * kRows;
+  static constexpr size_t kQBytes = kQInRegisters ? 0 : sizeof(uint16_t) * size_t(kRows) * (D + 8);
+  static_assert(!kQInRegisters || kKeys >= kRows, "the Q tile is staged in a K buffer");
+  __host__ __device__ static constexpr size_t shared_bytes() { return kMaskBytes + kQBytes + Keys::shared_bytes(); }
+};
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
+  using Tiles = ForwardTiles<D>;
+  constexpr int kKeys = Tiles::kKeys;
   constexpr int LD = D + 8;
   constexpr int NT = kKeys / 8;  // score n-tiles per warp
   constexpr int DT = D / 8;      // output n-tiles per warp
   constexpr int KC = D / 16;     // k-chunks of the head dim
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [kRows][LD]
-  RowMask* rmask = reinterpret_cast<RowMask*>(qs + kRows * LD);
+  RowMask* rmask = reinterpret_cast<RowMask*>(smem);
+  unsigned char* key_smem = smem + Tiles::kMaskBytes + Tiles::kQBytes;
 
-  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  // Causal: the last query tiles see the most keys; they start first (heaviest first).
+  const int64_t tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = int(blockIdx.y) / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, quad_lane = lane & 3;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kRows, tile);
-  KeyBlocks<D, kKeys, kThreads> keys(p, qspan, b, kvh, smem + q_tile_bytes<D>(), tid);
+  typename Tiles::Keys keys(p, qspan, b, kvh, key_smem, tid);
   if (!keys.start()) return;  // these queries see none of these keys: the state keeps what it holds
 
+  // The Q tile: in its own region, or in the second K buffer, which the loop fills only after
+  // the warps have taken their fragments (the barrier below).
+  uint16_t* qs = Tiles::kQInRegisters ? keys.ks + kKeys * LD : reinterpret_cast<uint16_t*>(smem + Tiles::kMaskBytes);
   load_rows_to_shared<D>(qs, LD, kRows, p.q, b * p.q_rows + qspan.row0, qspan.count, p.heads, h, tid, kThreads);
   for (int r = tid; r < kRows; r += kThreads)
-    rmask[r] = r < qspan.count ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
+    rmask[r] = r < qspan.count ? row_mask_32(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
 
   // This thread's two rows (local indices) and the incoming state for them.
   const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
@@ -76,9 +89,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   }
   __syncthreads();  // Q tile and row masks in shared memory
 
-  uint32_t qa[KC][4];
+  uint32_t qa[Tiles::kQInRegisters ? KC : 1][4];
+  if constexpr (Tiles::kQInRegisters) {
 #pragma unroll
-  for (int kc = 0; kc < KC; ++kc) load_a(qs, LD, warp * 16, kc * 16, lane, qa[kc]);
+    for (int kc = 0; kc < KC; ++kc) load_a(qs, LD, warp * 16, kc * 16, lane, qa[kc]);
+    __syncthreads();  // every warp has its Q fragments before the loop refills the second K buffer
+  }
 
   const float scale_log2 = p.scale * kLog2e;
   keys.run([&](const RowSpan& kspan, TileKind kind, const uint16_t* kt, const uint16_t* vt, const int64_t* kp) {
@@ -86,13 +102,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t fa[4];
+      if constexpr (Tiles::kQInRegisters) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bk[2];
-        load_b_transposed(kt, LD, nt * 8, kc * 16, lane, bk);
-        MmaElement<T>::mma(s[nt], qa[kc], bk);
+        for (int i = 0; i < 4; ++i) fa[i] = qa[kc][i];
+      } else {
+        load_a(qs, LD, warp * 16, kc * 16, lane, fa);
       }
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t bk0[2], bk1[2];
+        load_b_transposed_pair(kt, LD, nt * 8, kc * 16, lane, bk0, bk1);
+        MmaElement<T>::mma(s[nt], fa, bk0);
+        MmaElement<T>::mma(s[nt + 1], fa, bk1);
+      }
+    }
 
     // Scores in log2 units; keys past the block's end, and hidden keys of partial blocks, at -inf.
     float mx[2] = {neg_inf(), neg_inf()};
@@ -102,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * quad_lane + (e & 1);
         bool ok = col < kspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees(p.mask, rmask[rows[e >> 1]], kp[col]);
+        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[rows[e >> 1]], kp[col]);
         s[nt][e] = ok ? s[nt][e] * scale_log2 : neg_inf();
         mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
@@ -156,10 +181,10 @@ template <class T, int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
-  constexpr size_t smem = forward_smem<D>();
-  if (smem > 48 * 1024)
-    RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  constexpr size_t smem = ForwardTiles<D>::shared_bytes();
+  // Opted in unconditionally (a no-op below 48 KiB), so that a bad size fails here, named.
+  RINGATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_kernel(forward_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, smem,
                 stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("forward_tensor_core");
@@ -169,10 +194,16 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
   const bool bf16 = p.type == ElementType::bf16;
-  if (p.head_dim == 64)
-    bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-  else
-    bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+  switch (p.head_dim) {
+    case 64:
+      return bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
+    case 96:
+      return bf16 ? launch<__nv_bfloat16, 96>(p, stream) : launch<__half, 96>(p, stream);
+    case 128:
+      return bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
+    default:
+      return bf16 ? launch<__nv_bfloat16, 256>(p, stream) : launch<__half, 256>(p, stream);
+  }
 }
 
 }  // namespace ringattn::kernels::gpu

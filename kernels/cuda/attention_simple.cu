@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(AttentionParams p)
   int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKeys * D);
   RowMask* rmask = reinterpret_cast<RowMask*>(kpos + kKeys);
 
-  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = int(blockIdx.y) / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kRows, tile);
   const TileRange blocks = key_blocks_for_queries(p.mask, qspan, p.k_pos, p.k_rows, kKeys);
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) dq_kernel(AttentionParams p) {
   float* lse2 = reinterpret_cast<float*>(rmask + kRows);
   float* dlt = lse2 + kRows;
 
-  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group();
+  const int64_t tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = int(blockIdx.y) / p.group();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const RowSpan qspan = row_span(p.q_pos, p.q_rows, kRows, tile);
   const TileRange blocks = key_blocks_for_queries(p.mask, qspan, p.k_pos, p.k_rows, kKeys);

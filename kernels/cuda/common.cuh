@@ -27,7 +27,9 @@ namespace ringattn::kernels::gpu {
   } while (0)
 
 // After a kernel launch: reports a bad configuration at once (execution errors surface later).
-#define RINGATTN_CUDA_CHECK_LAUNCH(name) RINGATTN_CUDA_CHECK(cudaPeekAtLastError())
+// cudaGetLastError, not Peek: it clears the error, so that a later, unrelated check does not
+// report this launch's failure as its own.
+#define RINGATTN_CUDA_CHECK_LAUNCH(name) RINGATTN_CUDA_CHECK(cudaGetLastError())
 
 // Every kernel launch goes through here: kernel<<<grid, block, shared bytes, stream>>>(args), or,
 // in the CPU emulation the tests build (tests/cuda/emulation), the emulator's launch.

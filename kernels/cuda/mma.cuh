@@ -10,8 +10,12 @@
 // two neighbouring n-tiles is the A layout of one 16 x 16 tile, so a score tile turns into the
 // left operand of the next product without leaving registers (FlashAttention-2).
 //
-// Shared-memory tiles hold 16-bit elements, row-major with a row stride `ld` (in elements);
-// ld = D + 8 keeps the fragment loads free of bank conflicts.
+// Fragments are loaded from shared memory with ldmatrix (.trans for the operands stored k-major:
+// V, dO, Q, K in the second product of each pair). Shared-memory tiles hold 16-bit elements,
+// row-major with a row stride `ld` (in elements); ld = D + 8 (16 bytes of padding) puts the eight
+// 16-byte rows that one ldmatrix phase reads in eight different groups of four banks, so the
+// loads are free of bank conflicts for every D that is a multiple of 16.
+// Requirements: NT and DT even (pairs of n-tiles per ldmatrix.x4).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -68,36 +72,50 @@ struct MmaElement<__half> {
   }
 };
 
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* s) { return *reinterpret_cast<const uint32_t*>(s); }
-__device__ __forceinline__ uint32_t pack_halves(uint16_t lo, uint16_t hi) {
-  return uint32_t(lo) | (uint32_t(hi) << 16);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 matrices of 16-bit elements; lane
+// l gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned), and register i
+// of lane t receives row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1 of matrix i (with .trans,
+// column t / 4 of rows 2 (t % 4) and 2 (t % 4) + 1): exactly one mma fragment register. One
+// instruction replaces eight 32-bit shared loads (sixteen 16-bit ones for .trans).
+template <bool Transpose>
+__device__ __forceinline__ void load_matrix_x4(const uint16_t* row, uint32_t (&r)[4]) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::load_matrix(r, 4, Transpose, row);
+#else
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Transpose)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#endif
 }
 
-// A = rows [row0, row0 + 16) x columns [col0, col0 + 16) of a row-major tile.
+// A = rows [row0, row0 + 16) x columns [col0, col0 + 16) of a row-major tile. Matrices 0..3 are
+// (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15).
 __device__ __forceinline__ void load_a(const uint16_t* s, int ld, int row0, int col0, int lane, uint32_t (&a)[4]) {
-  const int g = lane >> 2, q = lane & 3;
-  const uint16_t* p = s + (row0 + g) * ld + col0 + 2 * q;
-  a[0] = load_pair(p);
-  a[1] = load_pair(p + 8 * ld);
-  a[2] = load_pair(p + 8);
-  a[3] = load_pair(p + 8 * ld + 8);
+  load_matrix_x4<false>(s + (row0 + (lane & 7) + (lane & 8)) * ld + col0 + ((lane >> 4) << 3), a);
 }
 
-// B[k][n] = s[(n0 + n) * ld + k0 + k]: the tile's rows are B's columns (K in S = Q K^T).
-__device__ __forceinline__ void load_b_transposed(const uint16_t* s, int ld, int n0, int k0, int lane,
-                                                  uint32_t (&b)[2]) {
-  const int g = lane >> 2, q = lane & 3;
-  const uint16_t* p = s + (n0 + g) * ld + k0 + 2 * q;
-  b[0] = load_pair(p);
-  b[1] = load_pair(p + 8);
+// Two B fragments (n-tiles n0 and n0 + 8) with B[k][n] = s[(n + ..) * ld + k0 + k]: the tile's rows
+// are B's columns (K in S = Q K^T). Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), then n 8-15.
+__device__ __forceinline__ void load_b_transposed_pair(const uint16_t* s, int ld, int n0, int k0, int lane,
+                                                       uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  uint32_t r[4];
+  load_matrix_x4<false>(s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (lane & 8), r);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
-// B[k][n] = s[(k0 + k) * ld + n0 + n]: the tile's rows are B's rows (V in O = P V).
-__device__ __forceinline__ void load_b(const uint16_t* s, int ld, int k0, int n0, int lane, uint32_t (&b)[2]) {
-  const int g = lane >> 2, q = lane & 3;
-  const uint16_t* p = s + (k0 + 2 * q) * ld + n0 + g;
-  b[0] = pack_halves(p[0], p[ld]);
-  b[1] = pack_halves(p[8 * ld], p[9 * ld]);
+// Two B fragments (n-tiles n0 and n0 + 8) with B[k][n] = s[(k0 + k) * ld + n + ..]: the tile's rows
+// are B's rows (V in O = P V), read transposed. Matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), then n 8-15.
+__device__ __forceinline__ void load_b_pair(const uint16_t* s, int ld, int k0, int n0, int lane, uint32_t (&b0)[2],
+                                            uint32_t (&b1)[2]) {
+  uint32_t r[4];
+  load_matrix_x4<true>(s + (k0 + (lane & 7) + (lane & 8)) * ld + n0 + ((lane >> 4) << 3), r);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 // The A fragment (16 x 16) made of accumulator n-tiles c0 (columns 0..7) and c1 (8..15), rounded to T.
@@ -123,10 +141,11 @@ __device__ __forceinline__ void product_transposed(const uint16_t* a, const uint
     uint32_t fa[4];
     load_a(a, ld, row0, kc * 16, lane, fa);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t fb[2];
-      load_b_transposed(b, ld, nt * 8, kc * 16, lane, fb);
-      MmaElement<T>::mma(c[nt], fa, fb);
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t fb0[2], fb1[2];
+      load_b_transposed_pair(b, ld, nt * 8, kc * 16, lane, fb0, fb1);
+      MmaElement<T>::mma(c[nt], fa, fb0);
+      MmaElement<T>::mma(c[nt + 1], fa, fb1);
     }
   }
 }
@@ -141,10 +160,11 @@ __device__ __forceinline__ void accumulate_product(const float (&pt)[2 * KC][4],
     uint32_t fa[4];
     accumulators_to_a<T>(pt[2 * kc], pt[2 * kc + 1], fa);
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      uint32_t fb[2];
-      load_b(b, ld, kc * 16, dt * 8, lane, fb);
-      MmaElement<T>::mma(out[dt], fa, fb);
+    for (int dt = 0; dt < DT; dt += 2) {
+      uint32_t fb0[2], fb1[2];
+      load_b_pair(b, ld, kc * 16, dt * 8, lane, fb0, fb1);
+      MmaElement<T>::mma(out[dt], fa, fb0);
+      MmaElement<T>::mma(out[dt + 1], fa, fb1);
     }
   }
 }

@@ -38,14 +38,16 @@ struct AttentionParams {
   float* dk = nullptr;
   float* dv = nullptr;
 
-  __host__ __device__ int64_t group() const { return heads / kv_heads; }
+  // Query heads per K/V head; a 32-bit division (heads fit: the launches check them), which the
+  // GPU does inline rather than through the 64-bit division subroutine.
+  __host__ __device__ int group() const { return int(heads) / int(kv_heads); }
 };
 
 // CUDA-core fp32 kernels (any element type, head_dim <= 256).
 void forward_simple(const AttentionParams& p, cudaStream_t stream);
 void backward_simple(const AttentionParams& p, cudaStream_t stream);
 
-// Tensor-core kernels (bf16/fp16, head_dim 64 or 128, 16-byte aligned inputs).
+// Tensor-core kernels (bf16/fp16, head_dim 64, 96, 128 or 256, 16-byte aligned inputs).
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream);
 void backward_tensor_core(const AttentionParams& p, cudaStream_t stream);
 

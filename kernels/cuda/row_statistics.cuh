@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mask_32bit.cuh"
 #include "kernels/cuda/params.cuh"
 #include "kernels/mask/tile_plan.hpp"
 
@@ -15,7 +16,7 @@ __device__ __forceinline__ void load_row_statistics(const AttentionParams& p, co
   for (int r = tid; r < rows; r += threads) {
     const bool valid = r < qspan.count;
     const int64_t at = (b * p.heads + h) * p.q_rows + qspan.row0 + r;
-    rmask[r] = valid ? row_mask(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
+    rmask[r] = valid ? row_mask_32(p.mask, p.q_pos[qspan.row0 + r]) : RowMask{};
     lse2[r] = valid ? lse_to_log2_offset(p.lse_in[at]) : pos_inf();
     delta[r] = valid ? p.delta[at] : 0.0f;
   }

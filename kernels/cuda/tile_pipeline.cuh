@@ -19,14 +19,41 @@
 
 namespace ringattn::kernels::gpu {
 
+// The kinds of the next kThreads tiles (or items) of a CTA's list, classified once per CTA, one
+// tile per thread, into shared memory; the loops then read them from there instead of every
+// thread classifying every tile. Every thread calls next() at the same points (it has barriers).
+template <int kThreads>
+struct TileKinds {
+  TileKind* kinds;  // [kThreads] in shared memory
+  int first = 0;    // the item kinds[0] describes
+  int count = 0;    // items classified (0: none yet)
+
+  // The first item in [from, items) that is not empty (its kind in k), or -1.
+  template <class Classify>
+  __device__ int next(int from, int items, TileKind& k, int tid, Classify&& classify) {
+    for (int item = from; item < items; ++item) {
+      if (item < first || item >= first + count) {
+        __syncthreads();  // every thread is done reading the previous chunk
+        if (item + tid < items) kinds[tid] = classify(item + tid);
+        first = item;
+        count = kThreads;
+        __syncthreads();
+      }
+      k = kinds[item - first];
+      if (k != TileKind::empty) return item;
+    }
+    return -1;
+  }
+};
+
 // The double-buffered loop shared by both: `source` provides next_visible(from, kind),
 // issue(item, buffer) and call(body, item, kind, buffer); `current`/`kind` hold the first
 // visible item, already issued into buffer 0.
 template <class Source, class Body>
-__device__ __forceinline__ void run_pipeline(Source& source, int64_t& current, TileKind& kind, Body& body) {
+__device__ __forceinline__ void run_pipeline(Source& source, int& current, TileKind& kind, Body& body) {
   for (int buf = 0; current >= 0; buf ^= 1) {
     TileKind next_kind = TileKind::empty;
-    const int64_t next = source.next_visible(current + 1, next_kind);
+    const int next = source.next_visible(current + 1, next_kind);
     if (next >= 0) {
       source.issue(next, buf ^ 1);  // that buffer was last read before the previous iteration's final barrier
       copy_async_wait<1>();         // this thread's copies of the current item have landed
@@ -44,9 +71,10 @@ __device__ __forceinline__ void run_pipeline(Source& source, int64_t& current, T
 template <int D, int kKeys, int kThreads>
 struct KeyBlocks {
   static constexpr int LD = D + 8;
-  // Shared memory: K [2][kKeys][LD], V likewise (uint16), key positions [2][kKeys].
+  // Shared memory: K [2][kKeys][LD], V likewise (uint16), key positions [2][kKeys], the tile kinds
+  // [kThreads] (padded to 16 bytes).
   __host__ __device__ static constexpr size_t shared_bytes() {
-    return sizeof(uint16_t) * 4 * size_t(kKeys) * LD + sizeof(int64_t) * 2 * kKeys;
+    return sizeof(uint16_t) * 4 * size_t(kKeys) * LD + sizeof(int64_t) * 2 * kKeys + (kThreads + 15) / 16 * 16;
   }
 
   const AttentionParams& p;
@@ -56,8 +84,9 @@ struct KeyBlocks {
   uint16_t* ks;
   uint16_t* vs;
   int64_t* kpos;
+  TileKinds<kThreads> kinds;
   int tid;
-  int64_t current = -1;
+  int current = -1;  // a block index relative to range.first
   TileKind kind = TileKind::empty;
 
   __device__ KeyBlocks(const AttentionParams& params, const RowSpan& queries, int64_t batch, int64_t kv_head,
@@ -70,18 +99,19 @@ struct KeyBlocks {
         ks(reinterpret_cast<uint16_t*>(shared)),
         vs(ks + 2 * kKeys * LD),
         kpos(reinterpret_cast<int64_t*>(vs + 2 * kKeys * LD)),
+        kinds{reinterpret_cast<TileKind*>(kpos + 2 * kKeys)},
         tid(thread) {}
 
-  __device__ int64_t next_visible(int64_t from, TileKind& k) const {
-    for (int64_t kb = from; kb < range.last; ++kb) {
-      k = classify_tile(p.mask, qspan, row_span(p.k_pos, p.k_rows, kKeys, kb));
-      if (k != TileKind::empty) return kb;
-    }
-    return -1;
+  __device__ int blocks() const { return int(range.last - range.first); }
+
+  __device__ int next_visible(int from, TileKind& k) {
+    return kinds.next(from, blocks(), k, tid, [&](int item) {
+      return classify_tile_32(p.mask, qspan, row_span(p.k_pos, p.k_rows, kKeys, range.first + item));
+    });
   }
 
-  __device__ void issue(int64_t kb, int buf) {
-    const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKeys, kb);
+  __device__ void issue(int item, int buf) {
+    const RowSpan kspan = row_span(p.k_pos, p.k_rows, kKeys, range.first + item);
     const int64_t row0 = b * p.k_rows + kspan.row0;
     load_rows_to_shared_async<D>(ks + buf * kKeys * LD, LD, kKeys, p.k, row0, kspan.count, p.kv_heads, kvh, tid,
                                  kThreads);
@@ -92,7 +122,7 @@ struct KeyBlocks {
   }
 
   __device__ bool start() {
-    current = next_visible(range.first, kind);
+    current = next_visible(0, kind);
     if (current < 0) return false;
     issue(current, 0);
     return true;
@@ -105,8 +135,8 @@ struct KeyBlocks {
   }
 
   template <class Body>
-  __device__ void call(Body& body, int64_t kb, TileKind k, int buf) const {
-    body(row_span(p.k_pos, p.k_rows, kKeys, kb), k, static_cast<const uint16_t*>(ks + buf * kKeys * LD),
+  __device__ void call(Body& body, int item, TileKind k, int buf) const {
+    body(row_span(p.k_pos, p.k_rows, kKeys, range.first + item), k, static_cast<const uint16_t*>(ks + buf * kKeys * LD),
          static_cast<const uint16_t*>(vs + buf * kKeys * LD), static_cast<const int64_t*>(kpos + buf * kKeys));
   }
 };
@@ -117,7 +147,8 @@ struct QueryTiles {
   // Shared memory: Q [2][kRows][LD], dO likewise (uint16), row masks [2][kRows], LSE offsets
   // and delta [2][kRows] each.
   __host__ __device__ static constexpr size_t shared_bytes() {
-    return sizeof(uint16_t) * 4 * size_t(kRows) * LD + sizeof(RowMask) * 2 * kRows + sizeof(float) * 4 * kRows;
+    return sizeof(uint16_t) * 4 * size_t(kRows) * LD + sizeof(RowMask) * 2 * kRows + sizeof(float) * 4 * kRows +
+           (kThreads + 15) / 16 * 16;
   }
 
   const AttentionParams& p;
@@ -129,8 +160,10 @@ struct QueryTiles {
   RowMask* rmask;
   float* lse2;
   float* dlt;
+  TileKinds<kThreads> kinds;
   int tid;
-  int64_t current = -1;  // item = g * tiles + qt: query head kvh * group + g, query tile qt
+  int tiles = 0;     // query tiles in range
+  int current = -1;  // item = g * tiles + qt: query head kvh * group + g, query tile range.first + qt
   TileKind kind = TileKind::empty;
 
   __device__ QueryTiles(const AttentionParams& params, const RowSpan& keys, int64_t batch, int64_t kv_head,
@@ -145,24 +178,28 @@ struct QueryTiles {
         rmask(reinterpret_cast<RowMask*>(dos + 2 * kRows * LD)),
         lse2(reinterpret_cast<float*>(rmask + 2 * kRows)),
         dlt(lse2 + 2 * kRows),
-        tid(thread) {}
+        kinds{reinterpret_cast<TileKind*>(dlt + 2 * kRows)},
+        tid(thread),
+        tiles(int(range.last - range.first)) {}
 
-  __device__ int64_t tiles() const { return range.last - range.first; }
-  __device__ int64_t head(int64_t item) const { return kvh * p.group() + item / tiles(); }
-  __device__ RowSpan span(int64_t item) const {
-    return row_span(p.q_pos, p.q_rows, kRows, range.first + item % tiles());
-  }
+  // 32-bit divisions (the tile count fits: the launch checks it).
+  __device__ int64_t head(int item) const { return kvh * p.group() + item / tiles; }
+  __device__ RowSpan span(int item) const { return row_span(p.q_pos, p.q_rows, kRows, range.first + item % tiles); }
 
-  __device__ int64_t next_visible(int64_t from, TileKind& k) const {
-    const int64_t items = p.group() * tiles();
-    for (int64_t item = from; item < items; ++item) {
-      k = classify_tile(p.mask, span(item), kspan);
-      if (k != TileKind::empty) return item;
+  // Every query head of the group sees the same positions: classify the tiles once (as items
+  // of head 0) and reuse the kinds for the other heads.
+  __device__ int next_visible(int from, TileKind& k) {
+    const int items = p.group() * tiles;
+    for (int item = from; item < items; ++item) {
+      const int g = item / tiles, qt = item - g * tiles;
+      const int next = kinds.next(qt, tiles, k, tid, [&](int t) { return classify_tile_32(p.mask, span(t), kspan); });
+      if (next >= 0) return g * tiles + next;
+      item = g * tiles + tiles - 1;  // nothing left for this head: on to the next one
     }
     return -1;
   }
 
-  __device__ void issue(int64_t item, int buf) {
+  __device__ void issue(int item, int buf) {
     const RowSpan qspan = span(item);
     const int64_t h = head(item), row0 = b * p.q_rows + qspan.row0;
     load_rows_to_shared_async<D>(qs + buf * kRows * LD, LD, kRows, p.q, row0, qspan.count, p.heads, h, tid, kThreads);
@@ -188,7 +225,7 @@ struct QueryTiles {
   }
 
   template <class Body>
-  __device__ void call(Body& body, int64_t item, TileKind k, int buf) const {
+  __device__ void call(Body& body, int item, TileKind k, int buf) const {
     body(span(item), k, static_cast<const uint16_t*>(qs + buf * kRows * LD),
          static_cast<const uint16_t*>(dos + buf * kRows * LD), static_cast<const RowMask*>(rmask + buf * kRows),
          static_cast<const float*>(lse2 + buf * kRows), static_cast<const float*>(dlt + buf * kRows));

@@ -2,7 +2,7 @@
 // rounded to the element type: every mask kind and combination, GQA/MQA, batch, odd lengths,
 // head dims 64 and 128 (and others on the simple path), empty rows, huge scores, merging and
 // accumulating partial states, and determinism. Each case runs every kernel that applies
-// (tensor cores for bf16/fp16 with D = 64/128, the simple fp32 kernels always) and every
+// (tensor cores for bf16/fp16 with D = 64/96/128/256, the simple fp32 kernels always) and every
 // element type. Skips when no CUDA device is visible.
 //
 // Tolerances in the FlashAttention manner: per tensor, the GPU's error against fp64 may be a few
@@ -24,6 +24,7 @@
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/cuda/attention_cuda.hpp"
+#include "kernels/cuda/mask_32bit.cuh"
 #include "kernels/reference.hpp"
 #include "tests/support/gtest_or_mini.hpp"
 #include "tests/support/attention_oracle.hpp"
@@ -272,7 +273,7 @@ struct Variant {
 // Every (element type, kernel) pair that applies to head dim D.
 std::vector<Variant> variants(int64_t D, bool with_f32 = true) {
   std::vector<Variant> v;
-  const bool tensor = D == 64 || D == 128;
+  const bool tensor = D == 64 || D == 96 || D == 128 || D == 256;
   for (ElementType t : {ElementType::bf16, ElementType::f16}) {
     if (tensor) v.push_back({t, CudaKernel::tensor_core});
     v.push_back({t, CudaKernel::simple});
@@ -472,6 +473,20 @@ TEST(AttentionCuda, OtherHeadDimsOnTheSimplePath) {
   }
 }
 
+// The tensor-core kernels at D = 96 (12 output n-tiles) and 256 (Q read from shared memory, key
+// blocks of 32, dK/dV columns split over two CTAs), under a causal block mask with GQA, so that
+// full, partial and empty tiles and several query heads per K/V head all occur.
+TEST(AttentionCuda, HeadDims96And256OnTensorCores) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t D : {96, 256}) {
+    Problem p = basic(150, D, 2, 1);
+    p.mask.causal = true;
+    const int64_t n = (150 + 31) / 32;
+    p.mask.set_block_mask(random_block_mask(n, 11, 0.7), n, 32);
+    check_problem(p);
+  }
+}
+
 TEST(AttentionCuda, OddLengths) {
   SKIP_WITHOUT_GPU();
   for (int64_t L : {1, 2, 63, 65, 129}) {
@@ -626,6 +641,33 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   }
 }
 
+// The tensor-core kernels' 32-bit mask arithmetic (kernels/cuda/mask_32bit.cuh) decides exactly as
+// tile_plan.hpp does, on random spans under block masks with every other condition (host code:
+// no GPU needed).
+TEST(AttentionCuda, Mask32BitMatchesTilePlan) {
+  std::mt19937_64 gen(99);
+  const std::vector<int64_t> docs{0, 70, 71, 200, 333, 400};
+  for (int round = 0; round < 40; ++round) {
+    const int64_t block = 1 + int64_t(gen() % 40), positions = 400, n = (positions + block - 1) / block;
+    const std::vector<uint8_t> blocks = random_block_mask(n, gen(), 0.6);
+    MaskView m;
+    m.causal = round % 2 == 0;
+    if (round % 3 == 0) m.window_left = int64_t(gen() % 100), m.window_right = int64_t(gen() % 3) - 1;
+    if (round % 5 == 0) m.doc_offsets = docs.data(), m.num_docs = int64_t(docs.size()) - 1;
+    m.block_mask = blocks.data(), m.block_count = n, m.mask_block = block;
+    for (int t = 0; t < 200; ++t) {
+      kernels::RowSpan q, k;
+      q.pmin = int64_t(gen() % positions), q.pmax = q.pmin + int64_t(gen() % (positions - q.pmin));
+      k.pmin = int64_t(gen() % positions), k.pmax = k.pmin + int64_t(gen() % (positions - k.pmin));
+      q.count = k.count = 1;
+      ASSERT_EQ(int(kernels::gpu::classify_tile_32(m, q, k)), int(kernels::classify_tile(m, q, k))) << round;
+      const kernels::RowMask a = kernels::gpu::row_mask_32(m, q.pmin), b = kernels::row_mask(m, q.pmin);
+      ASSERT_EQ(a.block_row, b.block_row);
+      ASSERT_EQ(kernels::gpu::row_sees_32(m, a, k.pmin), kernels::row_sees(m, b, k.pmin)) << round;
+    }
+  }
+}
+
 TEST(AttentionCuda, KernelChoice) {
   kernels::AttentionDims dims{1, 2, 2, 128, 0.1f};
   alignas(16) static uint8_t buf[64];
@@ -634,6 +676,8 @@ TEST(AttentionCuda, KernelChoice) {
   EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::f32, buf, buf, buf));
   EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::f16, buf + 2, buf, buf));
   dims.head_dim = 96;
+  EXPECT_TRUE(kernels::cuda_tensor_cores_apply(dims, ElementType::bf16, buf, buf, buf));
+  dims.head_dim = 80;
   EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::bf16, buf, buf, buf));
   EXPECT_EQ(std::string(kernels::cuda_kernel_name(dims, ElementType::bf16, buf, buf, buf, opt)), "simple");
   EXPECT_TRUE(kernels::cuda_supports_head_dim(256));
