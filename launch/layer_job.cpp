@@ -37,6 +37,9 @@ struct Options {
   int64_t heads = 4, kv_heads = 0, lora_rank = 0;
   double lora_alpha = 0.0;
   bool lora_init = false;
+  double rope_theta = 0.0;
+  bool rope_interleaved = false, rope_per_document = false;
+  int64_t rope_dims = 0;
   uint64_t seed = 0;
   int steps = 0;
   double lr = 1e-3;
@@ -57,8 +60,9 @@ po::options_description describe(Options& o) {
   inputs.add_options()
       ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
       ("weights", po::value(&o.weights)->value_name("DIR"),
-       "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout) and lora_{q,k,v,o}_{A,B}.npy "
-       "(a projection with neither LoRA file has no adapter; one file without the other is an error)")
+       "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout), optional biases bq.npy bk.npy bv.npy bo.npy, "
+       "and lora_{q,k,v,o}_{A,B}.npy (a projection with neither LoRA file has no adapter; one file without "
+       "the other is an error)")
       ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "key/value heads, dividing H (0 = H)")
@@ -69,6 +73,14 @@ po::options_description describe(Options& o) {
       ("lora-init", po::bool_switch(&o.lora_init),
        "projections without LoRA files get fresh factors of rank --lora-rank (B = 0, A from --seed)")
       ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of --lora-init, the demo and BigBird masks");
+  po::options_description rope("Rotary position embeddings of q and k (none without --rope-theta)");
+  rope.add_options()
+      ("rope-theta", po::value(&o.rope_theta)->value_name("T"),
+       "base T: plane i of a head turns by position * T^(-2i/rd) (HF Llama rotate_half pairing)")
+      ("rope-interleaved", po::bool_switch(&o.rope_interleaved), "GPT-J pairing: planes (2i, 2i+1)")
+      ("rope-dims", po::value(&o.rope_dims)->value_name("N"), "rotate only the first N dims of each head (rd = N)")
+      ("rope-per-document", po::bool_switch(&o.rope_per_document),
+       "positions restart at 0 in each document of --doc-lens (packed sequences)");
   po::options_description outputs("Outputs and backward");
   outputs.add_options()
       ("out", po::value(&o.out)->value_name("FILE.npy"), "write Y (shape of X); after --steps, the trained layer's")
@@ -103,7 +115,7 @@ po::options_description describe(Options& o) {
   run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
-  all.add(inputs).add(outputs).add(training).add(demo).add(masks).add(run);
+  all.add(inputs).add(rope).add(outputs).add(training).add(demo).add(masks).add(run);
   return all;
 }
 // clang-format on
@@ -166,6 +178,7 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     c.validate();  // heads against d_model, before the weights' shapes are read with them
     job.weights = inspect_weights(o.weights, c.d_model, c.heads, c.kv_heads, o.lora_rank);
     c.lora = job.weights->lora();
+    c.bias = job.weights->biases();
     if (c.lora_rank == 0) c.lora_rank = job.weights->lora_rank();
     if (o.lora_init) {
       if (c.lora_rank == 0) throw UsageError("--lora-init needs --lora-rank R (the rank of the new factors)");
@@ -184,6 +197,12 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     job.backward = job.dy_info && o.steps == 0;
   }
   c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
+  c.rope.theta = o.rope_theta;
+  c.rope.interleaved = o.rope_interleaved;
+  c.rope.dims = o.rope_dims;
+  c.rope.per_document = o.rope_per_document;
+  if (o.rope_per_document && o.mask.doc_lens.empty())
+    throw UsageError("--rope-per-document needs documents: --doc-lens");
   bool any_lora = false;
   for (bool on : c.lora) any_lora = any_lora || on;
   if (job.opt.steps > 0 && !any_lora)
@@ -235,7 +254,8 @@ int run_layer(LaunchContext& ctx) {
   if (help) {
     if (rank == 0)
       std::cout << "usage: ringattn layer [options]   (under mpirun -np P for P ranks)\n\n"
-                   "The LoRA attention layer Y = Attn(X Wq^T, X Wk^T, X Wv^T) Wo^T with W = W0 + (alpha / r) B A,\n"
+                   "The LoRA attention layer Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo\n"
+                   "with W = W0 + (alpha / r) B A,\n"
                    "sequence-sharded activations and row-sharded parameters. Try: ringattn layer --demo --causal\n\n"
                 << desc << "\n";
     return 0;
@@ -290,6 +310,15 @@ int run_layer(LaunchContext& ctx) {
                 double(c.scaling()), on.empty() ? "none" : on.c_str());
     std::printf("  mask      %s   layout %s   schedule %s\n", mask.describe().c_str(), layout_name(job.layout),
                 schedule_name(c.schedule));
+    std::string biased;
+    for (int p = 0; p < kProjections; ++p)
+      if (c.bias[size_t(p)]) biased += std::string(biased.empty() ? "" : ",") + projection_name(p);
+    if (c.rope.enabled())
+      std::printf("  rope      theta %g  %s  dims %lld of %lld%s\n", c.rope.theta,
+                  c.rope.interleaved ? "interleaved (GPT-J)" : "rotate_half (Llama)",
+                  (long long)c.rope.rotary_dims(c.head_dim()), (long long)c.head_dim(),
+                  c.rope.per_document ? "  positions per document" : "");
+    if (!biased.empty()) std::printf("  bias      on %s\n", biased.c_str());
     if (o.steps > 0) {
       std::printf("# training: %d steps, %s lr %g%s, loss %s\n", o.steps, optimizer_name(job.optimizer.kind), o.lr,
                   job.optimizer.kind == OptimizerKind::adamw ? " (betas 0.9,0.999 eps 1e-8 weight_decay 0.01)" : "",

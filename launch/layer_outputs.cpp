@@ -40,6 +40,10 @@ void LayerOutputs::add_merged(const std::string& dir, int p, std::vector<float> 
   const ProjectionShape& s = layer_.projection(p).shape();
   add(file(dir, p, ProjectionPart::w0), "--merge-out", {s.out, s.in},
       RowSelection{1, s.out, s.in, positions(layer_.projection(p).rows())}, std::move(rows));
+  if (!s.bias) return;  // the bias is frozen: the merged layer carries it as it is
+  const std::span<const float> bias = layer_.projection(p).bias();
+  add(file(dir, p, ProjectionPart::bias), "--merge-out", {s.out},
+      RowSelection{1, s.out, 1, positions(layer_.projection(p).rows())}, std::vector<float>(bias.begin(), bias.end()));
 }
 
 const std::vector<int64_t>& LayerOutputs::positions(const RowRange& r) {

@@ -25,7 +25,7 @@ class LayerOutputs {
   // DIR/lora_<p>_A.npy (r, in) and DIR/lora_<p>_B.npy (out, r) from a slice laid out as
   // projection(p).lora() (parameters or gradients).
   void add_factors(const std::string& dir, const std::string& label, int p, std::span<const float> slice);
-  // DIR/w<p>.npy (out, in) from this rank's merged rows.
+  // DIR/w<p>.npy (out, in) from this rank's merged rows (and DIR/b<p>.npy with a bias).
   void add_merged(const std::string& dir, int p, std::vector<float> rows);
 
   bool empty() const { return files_.empty(); }

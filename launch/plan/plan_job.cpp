@@ -10,7 +10,7 @@
 
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
-#include "launch/json_reader.hpp"
+#include "runtime/io/json_reader.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
 #include "launch/plan/plan_report.hpp"

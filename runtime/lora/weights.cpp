@@ -33,6 +33,7 @@ std::string weight_file_name(int projection, ProjectionPart part) {
     case ProjectionPart::w0: return "w" + p + ".npy";
     case ProjectionPart::lora_a: return "lora_" + p + "_A.npy";
     case ProjectionPart::lora_b: return "lora_" + p + "_B.npy";
+    case ProjectionPart::bias: return "b" + p + ".npy";
   }
   return "";
 }
@@ -40,6 +41,12 @@ std::string weight_file_name(int projection, ProjectionPart part) {
 std::array<bool, kProjections> WeightFiles::lora() const {
   std::array<bool, kProjections> on{};
   for (int p = 0; p < kProjections; ++p) on[static_cast<size_t>(p)] = a[static_cast<size_t>(p)].has_value();
+  return on;
+}
+
+std::array<bool, kProjections> WeightFiles::biases() const {
+  std::array<bool, kProjections> on{};
+  for (int p = 0; p < kProjections; ++p) on[static_cast<size_t>(p)] = bias[static_cast<size_t>(p)].has_value();
   return on;
 }
 
@@ -72,6 +79,11 @@ WeightFiles inspect_weights(const std::string& dir, int64_t d_model, int64_t hea
     const std::string w_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::w0)).string();
     files.w0[i] = inspect_npy(w_path, "--weights");
     check(files.w0[i], {s.out, s.in}, why);
+    const std::string bias_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::bias)).string();
+    if (fs::exists(bias_path, ec)) {
+      files.bias[i] = inspect_npy(bias_path, "--weights");
+      check(*files.bias[i], {s.out}, why);
+    }
     const std::string a_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::lora_a)).string();
     const std::string b_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::lora_b)).string();
     const bool has_a = fs::exists(a_path, ec), has_b = fs::exists(b_path, ec);
@@ -106,6 +118,12 @@ void load_weights(const WeightFiles& files, LoraLayer& layer) {
     require_finite(buf, files.w0[i]);
     proj.fill(ProjectionPart::w0,
               [&](int64_t r, int64_t c) { return buf[static_cast<size_t>((r - rows[0]) * s.in + c)]; });
+    if (s.bias && files.bias[i]) {
+      buf.assign(rows.size(), 0.0f);
+      read_npy_rows(*files.bias[i], RowSelection{1, s.out, 1, rows}, buf.data());
+      require_finite(buf, *files.bias[i]);
+      proj.fill(ProjectionPart::bias, [&](int64_t r, int64_t) { return buf[static_cast<size_t>(r - rows[0])]; });
+    }
     if (!s.has_lora() || !files.a[i]) continue;  // (factors not in the files are the caller's to set)
     buf.assign(static_cast<size_t>(s.rank * n_cols), 0.0f);
     read_npy_rows(*files.a[i], RowSelection{s.rank, s.in, 1, cols}, buf.data());
