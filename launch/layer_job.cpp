@@ -33,6 +33,7 @@ constexpr double kDemoLr = 2e-2;
 constexpr int64_t kDemoRank = 4;
 
 struct Options {
+  std::string weights_prefix, adapter, save_adapter;
   std::string x, weights, out, dy, grads, merge_out, save_lora, target, json;
   int64_t heads = 4, kv_heads = 0, lora_rank = 0;
   double lora_alpha = 0.0;
@@ -59,10 +60,17 @@ po::options_description describe(Options& o) {
   po::options_description inputs("Inputs");
   inputs.add_options()
       ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
-      ("weights", po::value(&o.weights)->value_name("DIR"),
-       "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout), optional biases bq.npy bk.npy bv.npy bo.npy, "
+      ("weights", po::value(&o.weights)->value_name("FILE|DIR"),
+       "FILE.safetensors, a folder with model.safetensors.index.json (HF names, see --weights-prefix), or a "
+       "DIR of wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout), optional biases bq.npy bk.npy bv.npy bo.npy, "
        "and lora_{q,k,v,o}_{A,B}.npy (a projection with neither LoRA file has no adapter; one file without "
        "the other is an error)")
+      ("weights-prefix", po::value(&o.weights_prefix)->value_name("PREFIX"),
+       "safetensors checkpoints: the HF names PREFIX{q,k,v,o}_proj.weight (.bias), "
+       "e.g. model.layers.0.self_attn.")
+      ("adapter", po::value(&o.adapter)->value_name("DIR"),
+       "a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors), in place of --lora-rank, "
+       "--lora-alpha and lora_*.npy")
       ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "key/value heads, dividing H (0 = H)")
@@ -88,8 +96,12 @@ po::options_description describe(Options& o) {
        "run backward with this dY (shape of X); with --steps, the loss is sum(Y * dY)")
       ("grads", po::value(&o.grads)->value_name("DIR"),
        "write lora_<p>_A.npy, lora_<p>_B.npy (summed over sequence and batch) and dx.npy (needs --dy)")
-      ("merge-out", po::value(&o.merge_out)->value_name("DIR"),
-       "write merged weights wq.npy ... = W0 + (alpha / r) B A (after --steps, the trained ones)")
+      ("merge-out", po::value(&o.merge_out)->value_name("DIR|FILE.safetensors"),
+       "write merged weights W0 + (alpha / r) B A (after --steps, the trained ones) and the biases: "
+       "wq.npy ... bq.npy ... in DIR, or the HF names under --weights-prefix in FILE.safetensors")
+      ("save-adapter", po::value(&o.save_adapter)->value_name("DIR"),
+       "write the LoRA factors as a PEFT adapter (adapter_config.json, adapter_model.safetensors) "
+       "that peft.PeftModel.from_pretrained loads (after --steps, the trained ones)")
       ("save-lora", po::value(&o.save_lora)->value_name("DIR"),
        "write the LoRA factors lora_<p>_A.npy, lora_<p>_B.npy (after --steps, the trained ones)");
   po::options_description training("Training (updates A and B; W0 stays frozen)");
@@ -152,7 +164,7 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   c.kv_heads = o.kv_heads ? o.kv_heads : o.heads;
   c.lora_rank = o.lora_rank;
   if (o.demo) {
-    for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init"})
+    for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init", "adapter", "weights-prefix"})
       if (given(vm, name))
         throw UsageError(std::string("--") + name + " has no place in --demo (its inputs are random)");
     c.batch = o.batch, c.seq_len = o.seq_len, c.d_model = o.d_model;
@@ -176,10 +188,14 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     c.seq_len = xs[xs.size() - 2];
     c.d_model = xs.back();
     c.validate();  // heads against d_model, before the weights' shapes are read with them
-    job.weights = inspect_weights(o.weights, c.d_model, c.heads, c.kv_heads, o.lora_rank);
+    if (!o.adapter.empty() && given(vm, "lora-alpha"))
+      throw UsageError("--lora-alpha: --adapter " + o.adapter + " gives lora_alpha (adapter_config.json)");
+    job.weights = inspect_weights({o.weights, o.weights_prefix, o.adapter}, c.d_model, c.heads, c.kv_heads,
+                                  o.lora_rank);
     c.lora = job.weights->lora();
     c.bias = job.weights->biases();
     if (c.lora_rank == 0) c.lora_rank = job.weights->lora_rank();
+    if (job.weights->from_adapter) c.lora_alpha = job.weights->adapter_alpha, c.rslora = job.weights->adapter_rslora;
     if (o.lora_init) {
       if (c.lora_rank == 0) throw UsageError("--lora-init needs --lora-rank R (the rank of the new factors)");
       c.lora.fill(true);
@@ -195,8 +211,10 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
       throw UsageError(
           "--grads writes the gradients of one pass; after --steps, write the trained factors with --save-lora");
     job.backward = job.dy_info && o.steps == 0;
+    if (!o.save_adapter.empty() && !c.lora[0] && !c.lora[1] && !c.lora[2] && !c.lora[3])
+      throw UsageError("--save-adapter: the layer has no LoRA factors to save");
   }
-  c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
+  if (!(job.weights && job.weights->from_adapter)) c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
   c.rope.theta = o.rope_theta;
   c.rope.interleaved = o.rope_interleaved;
   c.rope.dims = o.rope_dims;
@@ -232,6 +250,10 @@ std::vector<float> read_rows(const NpyInfo& info, const std::vector<int64_t>& po
   for (float v : x)
     if (!std::isfinite(v)) throw UsageError(info.label + " " + info.path + ": contains NaN or Inf");
   return x;
+}
+
+bool merge_to_safetensors(const std::string& path) {
+  return path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
 }
 
 double max_over_ranks(comm::Communicator& comm, double v) {
@@ -375,13 +397,19 @@ int run_layer(LaunchContext& ctx) {
     for (int p = 0; p < kProjections; ++p)
       if (c.lora[size_t(p)]) outputs.add_factors(o.grads, "--grads", p, layer->lora_grad(p));
   }
+  const bool merge_safetensors = merge_to_safetensors(o.merge_out);
   for (int p = 0; p < kProjections; ++p) {
     if (!o.save_lora.empty() && c.lora[size_t(p)])
       outputs.add_factors(o.save_lora, "--save-lora", p, layer->projection(p).lora());
-    if (!o.merge_out.empty()) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
+    if (!o.merge_out.empty() && !merge_safetensors) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
   }
+  if (merge_safetensors) outputs.add_merged_safetensors(o.merge_out, o.weights_prefix, std::move(merged));
+  if (!o.save_adapter.empty()) outputs.add_adapter(o.save_adapter, o.weights_prefix);
   if (!outputs.empty())
-    outputs.write(comm, {{o.grads, "--grads"}, {o.merge_out, "--merge-out"}, {o.save_lora, "--save-lora"}});
+    outputs.write(comm, {{o.grads, "--grads"},
+                         {merge_safetensors ? "" : o.merge_out, "--merge-out"},
+                         {o.save_lora, "--save-lora"},
+                         {o.save_adapter, "--save-adapter"}});
 
   // Summary: times are the slowest rank's, memory the largest.
   const double fwd_s = max_over_ranks(comm, fwd.seconds), bwd_s = max_over_ranks(comm, bwd.seconds);

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,6 +63,7 @@ struct LayerConfig {
   int64_t kv_heads = 1;
   int64_t lora_rank = 0;                  // r
   double lora_alpha = 0.0;                // scaling = alpha / r
+  bool rslora = false;                    // rank-stabilised: scaling = alpha / sqrt(r) (PEFT use_rslora)
   std::array<bool, kProjections> lora{};  // which projections carry LoRA factors
   std::array<bool, kProjections> bias{};  // which projections have a (frozen) bias
   RopeConfig rope;                        // rotary embeddings of q and k (off by default)
@@ -70,7 +72,10 @@ struct LayerConfig {
   int threads = 1;
 
   int64_t head_dim() const { return d_model / heads; }
-  float scaling() const { return lora_rank > 0 ? float(lora_alpha / double(lora_rank)) : 0.0f; }
+  float scaling() const {
+    if (lora_rank <= 0) return 0.0f;
+    return float(lora_alpha / (rslora ? std::sqrt(double(lora_rank)) : double(lora_rank)));
+  }
   ProjectionShape shape(int p) const;
   // Checks the arithmetic of the shape (d_model divisible by heads, Hkv dividing H, a head dim
   // the kernels support, r >= 0, the rotary dims); throws UsageError naming the option.
