@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
@@ -19,6 +20,7 @@
 #include "runtime/errors.hpp"
 #include "runtime/lora/demo.hpp"
 #include "runtime/lora/layer.hpp"
+#include "runtime/lora/model_config.hpp"
 #include "runtime/lora/training.hpp"
 #include "runtime/lora/weights.hpp"
 #include "runtime/io/npy.hpp"
@@ -33,9 +35,9 @@ constexpr double kDemoLr = 2e-2;
 constexpr int64_t kDemoRank = 4;
 
 struct Options {
-  std::string weights_prefix, adapter, save_adapter;
+  std::string weights_prefix, adapter, save_adapter, config;
   std::string x, weights, out, dy, grads, merge_out, save_lora, target, json;
-  int64_t heads = 4, kv_heads = 0, lora_rank = 0;
+  int64_t heads = 8, kv_heads = 0, lora_rank = 0;
   double lora_alpha = 0.0;
   bool lora_init = false;
   double rope_theta = 0.0;
@@ -71,7 +73,10 @@ po::options_description describe(Options& o) {
       ("adapter", po::value(&o.adapter)->value_name("DIR"),
        "a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors), in place of --lora-rank, "
        "--lora-alpha and lora_*.npy")
-      ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
+      ("config", po::value(&o.config)->value_name("FILE"),
+       "an HF config.json: heads, kv heads, head_dim, rope_theta (and llama3 rope scaling), attention_bias; "
+       "a flag that contradicts it is an error")
+      ("heads", po::value(&o.heads)->default_value(8)->value_name("H"), "query heads; head dim D = d_model / H")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "key/value heads, dividing H (0 = H)")
       ("lora-rank", po::value(&o.lora_rank)->default_value(0)->value_name("R"),
@@ -156,8 +161,46 @@ NpyInfo inspect_like_x(const std::string& path, const std::string& label, const 
   return info;
 }
 
-LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchContext& ctx) {
+// --config: the model's values, unless a flag says otherwise, which is an error when they differ.
+void apply_model_config(const ModelConfig& m, const po::variables_map& vm, Options& o) {
+  auto take = [&](const char* flag, auto& value, auto from_config, const char* key) {
+    if (given(vm, flag) && value != from_config) {
+      std::ostringstream msg;
+      msg << "--" << flag << " " << value << " contradicts --config " << m.path << " (" << key << " " << from_config
+          << ")";
+      throw UsageError(msg.str());
+    }
+    value = from_config;
+  };
+  if (m.heads) take("heads", o.heads, *m.heads, "num_attention_heads");
+  if (m.kv_heads) take("kv-heads", o.kv_heads, *m.kv_heads, "num_key_value_heads");
+  take("rope-theta", o.rope_theta, m.rope.theta, "rope_theta");
+  if (m.rope.dims) take("rope-dims", o.rope_dims, m.rope.dims, "partial_rotary_factor x head_dim");
+}
+
+// The config's sizes against the input's: hidden_size is d_model, head_dim is d_model / heads.
+void check_model_config(const ModelConfig& m, const LayerConfig& c) {
+  const std::string where = "--config " + m.path + ": ";
+  if (m.hidden_size && *m.hidden_size != c.d_model)
+    throw UsageError(where + "hidden_size " + std::to_string(*m.hidden_size) + " but d_model of the input is " +
+                     std::to_string(c.d_model));
+  if (m.head_dim && *m.head_dim != c.head_dim())
+    throw UsageError(where + "head_dim " + std::to_string(*m.head_dim) + " but d_model / heads is " +
+                     std::to_string(c.head_dim()) + " (the layer has D = d_model / H)");
+  if (m.attention_bias && *m.attention_bias)
+    for (int p = 0; p < kProjections; ++p)
+      if (!c.bias[size_t(p)])
+        throw UsageError(where + "attention_bias is true, but --weights has no bias for " + hf_module_name(p));
+}
+
+LayerJob resolve(const Options& given_options, const po::variables_map& vm, const LaunchContext& ctx) {
   LayerJob job;
+  Options o = given_options;
+  std::optional<ModelConfig> model;
+  if (!o.config.empty()) {
+    model = read_model_config(o.config);
+    apply_model_config(*model, vm, o);
+  }
   job.opt = o;
   LayerConfig& c = job.config;
   c.heads = o.heads;
@@ -219,6 +262,13 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   c.rope.interleaved = o.rope_interleaved;
   c.rope.dims = o.rope_dims;
   c.rope.per_document = o.rope_per_document;
+  if (model) {
+    c.rope.llama3_factor = model->rope.llama3_factor;
+    c.rope.llama3_low_freq_factor = model->rope.llama3_low_freq_factor;
+    c.rope.llama3_high_freq_factor = model->rope.llama3_high_freq_factor;
+    c.rope.llama3_original_max_positions = model->rope.llama3_original_max_positions;
+    check_model_config(*model, c);
+  }
   if (o.rope_per_document && o.mask.doc_lens.empty())
     throw UsageError("--rope-per-document needs documents: --doc-lens");
   bool any_lora = false;

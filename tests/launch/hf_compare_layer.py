@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`ringattn layer` against Hugging Face: LlamaAttention and Qwen2Attention with a PEFT LoRA adapter
+"""`ringattn layer` against Hugging Face: LlamaAttention (Llama 3 rope scaling, shape from --config) and
+Qwen2Attention (q/k/v biases, shape from flags) with a PEFT LoRA adapter
 on q_proj, k_proj, v_proj and o_proj, loaded from the checkpoints transformers and peft write
 (model.safetensors, adapter_config.json + adapter_model.safetensors), at P = 1..3 ranks.
 
@@ -39,6 +40,9 @@ def build(kind, theta, seed):
     torch.manual_seed(seed)
     common = dict(hidden_size=D_MODEL, num_attention_heads=H, num_key_value_heads=HKV, intermediate_size=128,
                   num_hidden_layers=1, vocab_size=32, rope_theta=theta, attn_implementation="eager")
+    if kind == "llama":  # Llama 3 rope scaling, its original context short enough to matter here
+        common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
     model = (LlamaForCausalLM(LlamaConfig(**common)) if kind == "llama"
              else Qwen2ForCausalLM(Qwen2Config(**common))).float().eval()
     with torch.no_grad():  # random weights and biases of a useful size
@@ -96,9 +100,11 @@ def compare(exe, kind, work, failures):
     np.save(os.path.join(work, "dy.npy"), dy.numpy())
     with torch.no_grad():
         y_hf = attention(pm, x).numpy()
+    # Llama: the shape and rope from config.json; Qwen2: from flags.
+    shape = (["--config", os.path.join(work, "base", "config.json")] if kind == "llama"
+             else ["--heads", str(H), "--kv-heads", str(HKV), "--rope-theta", str(theta)])
     layer = ["--x", os.path.join(work, "x.npy"), "--weights", os.path.join(work, "base", "model.safetensors"),
-             "--weights-prefix", PREFIX, "--adapter", os.path.join(work, "adapter"), "--heads", str(H),
-             "--kv-heads", str(HKV), "--rope-theta", str(theta), "--causal"]
+             "--weights-prefix", PREFIX, "--adapter", os.path.join(work, "adapter"), "--causal"] + shape
     for ranks in (1, 2, 3):
         for layout in ("contiguous", "zigzag", "striped"):
             out = os.path.join(work, f"y_{ranks}_{layout}.npy")

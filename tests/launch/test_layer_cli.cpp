@@ -347,6 +347,12 @@ TEST_F(LayerCli, RopeBiasesAndSafetensorsCheckpointsMatchFp64) {
 
   // Bad checkpoints: exit 2, naming the file and the tensor.
   const std::string model = (dir / "model.safetensors").string();
+  {
+    std::ofstream config(dir / "config.json");
+    config << R"({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                 "rope_theta": 500.0, "attention_bias": true})";
+  }
+  fs::remove(dir / "weights" / "bo.npy");
   const auto size = fs::file_size(model);
   fs::copy_file(model, dir / "truncated.safetensors");
   fs::resize_file(dir / "truncated.safetensors", size - 100);
@@ -365,6 +371,12 @@ TEST_F(LayerCli, RopeBiasesAndSafetensorsCheckpointsMatchFp64) {
            " --lora-alpha 3",
        "--lora-alpha: --adapter"},
       {x_arg + "--weights " + (dir / "weights").string() + " --rope-dims 6", "need --rope-theta"},
+      {"--x " + (dir / "x.npy").string() + " --heads 8 --config " + (dir / "config.json").string() + " --weights " +
+           (dir / "weights").string(),
+       "--heads 8 contradicts --config " + (dir / "config.json").string() + " (num_attention_heads 4)"},
+      {"--x " + (dir / "x.npy").string() + " --config " + (dir / "config.json").string() + " --weights " +
+           (dir / "weights").string(),
+       "attention_bias is true, but --weights has no bias for o_proj"},
       {x_arg + "--weights " + (dir / "weights").string() + " --rope-theta 100 --rope-per-document", "--doc-lens"},
   };
   for (const Case& c : cases) {
@@ -375,7 +387,7 @@ TEST_F(LayerCli, RopeBiasesAndSafetensorsCheckpointsMatchFp64) {
 }
 
 TEST_F(LayerCli, DemoLossCurveIsTheSameAtOneAndTwoRanks) {
-  const std::string args = "--demo --causal --seq-len 256 --d-model 64 --kv-heads 2 --steps 12";
+  const std::string args = "--demo --causal --seq-len 256 --d-model 64 --heads 4 --kv-heads 2 --steps 12";
   const CommandResult one = run_layer(1, args), two = run_layer(2, args);
   ASSERT_EQ(one.code, 0) << one.output;
   ASSERT_EQ(two.code, 0) << two.output;
