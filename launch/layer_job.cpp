@@ -63,7 +63,7 @@ po::options_description describe(Options& o) {
   inputs.add_options()
       ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
       ("weights", po::value(&o.weights)->value_name("FILE|DIR"),
-       "FILE.safetensors, a folder with model.safetensors.index.json (HF names, see --weights-prefix), or a "
+       "FILE.safetensors, a folder with model.safetensors(.index.json) (HF names, see --weights-prefix), or a "
        "DIR of wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout), optional biases bq.npy bk.npy bv.npy bo.npy, "
        "and lora_{q,k,v,o}_{A,B}.npy (a projection with neither LoRA file has no adapter; one file without "
        "the other is an error)")

@@ -49,11 +49,12 @@ class SafetensorsFiles {
 class Checkpoint {
  public:
   Checkpoint(const std::string& weights, SafetensorsFiles& files) : files_(files) {
-    if (!fs::is_directory(weights)) {
-      single_ = weights;
+    const fs::path index = fs::path(weights) / "model.safetensors.index.json";
+    std::error_code ec;
+    if (!fs::is_directory(weights, ec) || !fs::exists(index, ec)) {  // a file, or a folder with model.safetensors
+      single_ = fs::is_directory(weights, ec) ? (fs::path(weights) / "model.safetensors").string() : weights;
       return;
     }
-    const fs::path index = fs::path(weights) / "model.safetensors.index.json";
     const JsonValue root = read_json_file(index.string(), "--weights");
     const JsonValue* map = root.find("weight_map");
     if (!map || !map->is_object())
@@ -207,11 +208,12 @@ WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64
                             int64_t lora_rank) {
   std::error_code ec;
   const std::string& dir = sources.weights;
-  const bool safetensors =
-      ends_with(dir, ".safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json", ec);
+  const bool safetensors = ends_with(dir, ".safetensors") ||
+                           fs::exists(fs::path(dir) / "model.safetensors.index.json", ec) ||
+                           fs::exists(fs::path(dir) / "model.safetensors", ec);
   if (!safetensors && !fs::is_directory(dir, ec))
     throw UsageError("--weights " + dir + ": not a directory of .npy files, a .safetensors file, or a folder with " +
-                     "model.safetensors.index.json");
+                     "model.safetensors or model.safetensors.index.json");
   if (!safetensors && !sources.prefix.empty())
     throw UsageError("--weights-prefix names tensors in a safetensors checkpoint; --weights " + dir +
                      " is a directory of .npy files");

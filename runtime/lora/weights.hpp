@@ -4,7 +4,7 @@
 //   wo.npy (d_model, H*D); optional biases bq.npy (H*D,), bk.npy and bv.npy (Hkv*D,), bo.npy
 //   (d_model,); for each projection with LoRA lora_<p>_A.npy (r, in) and lora_<p>_B.npy (out, r).
 // - `--weights FILE.safetensors`, or a folder with model.safetensors.index.json (a sharded
-//   checkpoint): the HF names PREFIX{q,k,v,o}_proj.weight and .bias, PREFIX = --weights-prefix.
+//   checkpoint) or model.safetensors: the HF names PREFIX{q,k,v,o}_proj.weight and .bias, PREFIX = --weights-prefix.
 // - `--adapter DIR`, a PEFT LoRA adapter (save_pretrained): adapter_config.json (r, lora_alpha,
 //   use_rslora, target_modules) and adapter_model.safetensors with
 //   base_model.model.PREFIX{q,k,v,o}_proj.lora_A.weight / .lora_B.weight.

@@ -103,7 +103,8 @@ def compare(exe, kind, work, failures):
     # Llama: the shape and rope from config.json; Qwen2: from flags.
     shape = (["--config", os.path.join(work, "base", "config.json")] if kind == "llama"
              else ["--heads", str(H), "--kv-heads", str(HKV), "--rope-theta", str(theta)])
-    layer = ["--x", os.path.join(work, "x.npy"), "--weights", os.path.join(work, "base", "model.safetensors"),
+    weights = os.path.join(work, "base") if kind == "llama" else os.path.join(work, "base", "model.safetensors")
+    layer = ["--x", os.path.join(work, "x.npy"), "--weights", weights,
              "--weights-prefix", PREFIX, "--adapter", os.path.join(work, "adapter"), "--causal"] + shape
     for ranks in (1, 2, 3):
         for layout in ("contiguous", "zigzag", "striped"):
