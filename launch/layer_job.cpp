@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
@@ -19,6 +20,7 @@
 #include "runtime/errors.hpp"
 #include "runtime/lora/demo.hpp"
 #include "runtime/lora/layer.hpp"
+#include "runtime/lora/model_config.hpp"
 #include "runtime/lora/training.hpp"
 #include "runtime/lora/weights.hpp"
 #include "runtime/io/npy.hpp"
@@ -33,10 +35,14 @@ constexpr double kDemoLr = 2e-2;
 constexpr int64_t kDemoRank = 4;
 
 struct Options {
+  std::string weights_prefix, adapter, save_adapter, config;
   std::string x, weights, out, dy, grads, merge_out, save_lora, target, json;
-  int64_t heads = 4, kv_heads = 0, lora_rank = 0;
+  int64_t heads = 8, kv_heads = 0, lora_rank = 0;
   double lora_alpha = 0.0;
   bool lora_init = false;
+  double rope_theta = 0.0;
+  bool rope_interleaved = false, rope_per_document = false;
+  int64_t rope_dims = 0;
   uint64_t seed = 0;
   int steps = 0;
   double lr = 1e-3;
@@ -56,10 +62,21 @@ po::options_description describe(Options& o) {
   po::options_description inputs("Inputs");
   inputs.add_options()
       ("x", po::value(&o.x)->value_name("FILE.npy"), "X (B, L, d_model) or (L, d_model), float32")
-      ("weights", po::value(&o.weights)->value_name("DIR"),
-       "wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout) and lora_{q,k,v,o}_{A,B}.npy "
-       "(a projection with neither LoRA file has no adapter; one file without the other is an error)")
-      ("heads", po::value(&o.heads)->default_value(4)->value_name("H"), "query heads; head dim D = d_model / H")
+      ("weights", po::value(&o.weights)->value_name("FILE|DIR"),
+       "FILE.safetensors, a folder with model.safetensors(.index.json) (HF names, see --weights-prefix), or a "
+       "DIR of wq.npy wk.npy wv.npy wo.npy (W0, nn.Linear layout), optional biases bq.npy bk.npy bv.npy bo.npy, "
+       "and lora_{q,k,v,o}_{A,B}.npy (a projection with neither LoRA file has no adapter; one file without "
+       "the other is an error)")
+      ("weights-prefix", po::value(&o.weights_prefix)->value_name("PREFIX"),
+       "safetensors checkpoints: the HF names PREFIX{q,k,v,o}_proj.weight (.bias), "
+       "e.g. model.layers.0.self_attn.")
+      ("adapter", po::value(&o.adapter)->value_name("DIR"),
+       "a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors), in place of --lora-rank, "
+       "--lora-alpha and lora_*.npy")
+      ("config", po::value(&o.config)->value_name("FILE"),
+       "an HF config.json: heads, kv heads, head_dim, rope_theta (and llama3 rope scaling), attention_bias; "
+       "a flag that contradicts it is an error")
+      ("heads", po::value(&o.heads)->default_value(8)->value_name("H"), "query heads; head dim D = d_model / H")
       ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"),
        "key/value heads, dividing H (0 = H)")
       ("lora-rank", po::value(&o.lora_rank)->default_value(0)->value_name("R"),
@@ -69,6 +86,14 @@ po::options_description describe(Options& o) {
       ("lora-init", po::bool_switch(&o.lora_init),
        "projections without LoRA files get fresh factors of rank --lora-rank (B = 0, A from --seed)")
       ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of --lora-init, the demo and BigBird masks");
+  po::options_description rope("Rotary position embeddings of q and k (none without --rope-theta)");
+  rope.add_options()
+      ("rope-theta", po::value(&o.rope_theta)->value_name("T"),
+       "base T: plane i of a head turns by position * T^(-2i/rd) (HF Llama rotate_half pairing)")
+      ("rope-interleaved", po::bool_switch(&o.rope_interleaved), "GPT-J pairing: planes (2i, 2i+1)")
+      ("rope-dims", po::value(&o.rope_dims)->value_name("N"), "rotate only the first N dims of each head (rd = N)")
+      ("rope-per-document", po::bool_switch(&o.rope_per_document),
+       "positions restart at 0 in each document of --doc-lens (packed sequences)");
   po::options_description outputs("Outputs and backward");
   outputs.add_options()
       ("out", po::value(&o.out)->value_name("FILE.npy"), "write Y (shape of X); after --steps, the trained layer's")
@@ -76,8 +101,12 @@ po::options_description describe(Options& o) {
        "run backward with this dY (shape of X); with --steps, the loss is sum(Y * dY)")
       ("grads", po::value(&o.grads)->value_name("DIR"),
        "write lora_<p>_A.npy, lora_<p>_B.npy (summed over sequence and batch) and dx.npy (needs --dy)")
-      ("merge-out", po::value(&o.merge_out)->value_name("DIR"),
-       "write merged weights wq.npy ... = W0 + (alpha / r) B A (after --steps, the trained ones)")
+      ("merge-out", po::value(&o.merge_out)->value_name("DIR|FILE.safetensors"),
+       "write merged weights W0 + (alpha / r) B A (after --steps, the trained ones) and the biases: "
+       "wq.npy ... bq.npy ... in DIR, or the HF names under --weights-prefix in FILE.safetensors")
+      ("save-adapter", po::value(&o.save_adapter)->value_name("DIR"),
+       "write the LoRA factors as a PEFT adapter (adapter_config.json, adapter_model.safetensors) "
+       "that peft.PeftModel.from_pretrained loads (after --steps, the trained ones)")
       ("save-lora", po::value(&o.save_lora)->value_name("DIR"),
        "write the LoRA factors lora_<p>_A.npy, lora_<p>_B.npy (after --steps, the trained ones)");
   po::options_description training("Training (updates A and B; W0 stays frozen)");
@@ -103,7 +132,7 @@ po::options_description describe(Options& o) {
   run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
-  all.add(inputs).add(outputs).add(training).add(demo).add(masks).add(run);
+  all.add(inputs).add(rope).add(outputs).add(training).add(demo).add(masks).add(run);
   return all;
 }
 // clang-format on
@@ -132,15 +161,53 @@ NpyInfo inspect_like_x(const std::string& path, const std::string& label, const 
   return info;
 }
 
-LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchContext& ctx) {
+// --config: the model's values, unless a flag says otherwise, which is an error when they differ.
+void apply_model_config(const ModelConfig& m, const po::variables_map& vm, Options& o) {
+  auto take = [&](const char* flag, auto& value, auto from_config, const char* key) {
+    if (given(vm, flag) && value != from_config) {
+      std::ostringstream msg;
+      msg << "--" << flag << " " << value << " contradicts --config " << m.path << " (" << key << " " << from_config
+          << ")";
+      throw UsageError(msg.str());
+    }
+    value = from_config;
+  };
+  if (m.heads) take("heads", o.heads, *m.heads, "num_attention_heads");
+  if (m.kv_heads) take("kv-heads", o.kv_heads, *m.kv_heads, "num_key_value_heads");
+  take("rope-theta", o.rope_theta, m.rope.theta, "rope_theta");
+  if (m.rope.dims) take("rope-dims", o.rope_dims, m.rope.dims, "partial_rotary_factor x head_dim");
+}
+
+// The config's sizes against the input's: hidden_size is d_model, head_dim is d_model / heads.
+void check_model_config(const ModelConfig& m, const LayerConfig& c) {
+  const std::string where = "--config " + m.path + ": ";
+  if (m.hidden_size && *m.hidden_size != c.d_model)
+    throw UsageError(where + "hidden_size " + std::to_string(*m.hidden_size) + " but d_model of the input is " +
+                     std::to_string(c.d_model));
+  if (m.head_dim && *m.head_dim != c.head_dim())
+    throw UsageError(where + "head_dim " + std::to_string(*m.head_dim) + " but d_model / heads is " +
+                     std::to_string(c.head_dim()) + " (the layer has D = d_model / H)");
+  if (m.attention_bias && *m.attention_bias)
+    for (int p = 0; p < kProjections; ++p)
+      if (!c.bias[size_t(p)])
+        throw UsageError(where + "attention_bias is true, but --weights has no bias for " + hf_module_name(p));
+}
+
+LayerJob resolve(const Options& given_options, const po::variables_map& vm, const LaunchContext& ctx) {
   LayerJob job;
+  Options o = given_options;
+  std::optional<ModelConfig> model;
+  if (!o.config.empty()) {
+    model = read_model_config(o.config);
+    apply_model_config(*model, vm, o);
+  }
   job.opt = o;
   LayerConfig& c = job.config;
   c.heads = o.heads;
   c.kv_heads = o.kv_heads ? o.kv_heads : o.heads;
   c.lora_rank = o.lora_rank;
   if (o.demo) {
-    for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init"})
+    for (const char* name : {"x", "weights", "dy", "target", "out", "grads", "lora-init", "adapter", "weights-prefix"})
       if (given(vm, name))
         throw UsageError(std::string("--") + name + " has no place in --demo (its inputs are random)");
     c.batch = o.batch, c.seq_len = o.seq_len, c.d_model = o.d_model;
@@ -164,9 +231,14 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
     c.seq_len = xs[xs.size() - 2];
     c.d_model = xs.back();
     c.validate();  // heads against d_model, before the weights' shapes are read with them
-    job.weights = inspect_weights(o.weights, c.d_model, c.heads, c.kv_heads, o.lora_rank);
+    if (!o.adapter.empty() && given(vm, "lora-alpha"))
+      throw UsageError("--lora-alpha: --adapter " + o.adapter + " gives lora_alpha (adapter_config.json)");
+    job.weights = inspect_weights({o.weights, o.weights_prefix, o.adapter}, c.d_model, c.heads, c.kv_heads,
+                                  o.lora_rank);
     c.lora = job.weights->lora();
+    c.bias = job.weights->biases();
     if (c.lora_rank == 0) c.lora_rank = job.weights->lora_rank();
+    if (job.weights->from_adapter) c.lora_alpha = job.weights->adapter_alpha, c.rslora = job.weights->adapter_rslora;
     if (o.lora_init) {
       if (c.lora_rank == 0) throw UsageError("--lora-init needs --lora-rank R (the rank of the new factors)");
       c.lora.fill(true);
@@ -182,8 +254,23 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
       throw UsageError(
           "--grads writes the gradients of one pass; after --steps, write the trained factors with --save-lora");
     job.backward = job.dy_info && o.steps == 0;
+    if (!o.save_adapter.empty() && !c.lora[0] && !c.lora[1] && !c.lora[2] && !c.lora[3])
+      throw UsageError("--save-adapter: the layer has no LoRA factors to save");
   }
-  c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
+  if (!(job.weights && job.weights->from_adapter)) c.lora_alpha = o.lora_alpha != 0.0 ? o.lora_alpha : double(c.lora_rank);
+  c.rope.theta = o.rope_theta;
+  c.rope.interleaved = o.rope_interleaved;
+  c.rope.dims = o.rope_dims;
+  c.rope.per_document = o.rope_per_document;
+  if (model) {
+    c.rope.llama3_factor = model->rope.llama3_factor;
+    c.rope.llama3_low_freq_factor = model->rope.llama3_low_freq_factor;
+    c.rope.llama3_high_freq_factor = model->rope.llama3_high_freq_factor;
+    c.rope.llama3_original_max_positions = model->rope.llama3_original_max_positions;
+    check_model_config(*model, c);
+  }
+  if (o.rope_per_document && o.mask.doc_lens.empty())
+    throw UsageError("--rope-per-document needs documents: --doc-lens");
   bool any_lora = false;
   for (bool on : c.lora) any_lora = any_lora || on;
   if (job.opt.steps > 0 && !any_lora)
@@ -215,6 +302,10 @@ std::vector<float> read_rows(const NpyInfo& info, const std::vector<int64_t>& po
   return x;
 }
 
+bool merge_to_safetensors(const std::string& path) {
+  return path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+}
+
 double max_over_ranks(comm::Communicator& comm, double v) {
   comm.allreduce(&v, 1, comm::DataType::f64, comm::ReduceOp::max);
   return v;
@@ -235,7 +326,8 @@ int run_layer(LaunchContext& ctx) {
   if (help) {
     if (rank == 0)
       std::cout << "usage: ringattn layer [options]   (under mpirun -np P for P ranks)\n\n"
-                   "The LoRA attention layer Y = Attn(X Wq^T, X Wk^T, X Wv^T) Wo^T with W = W0 + (alpha / r) B A,\n"
+                   "The LoRA attention layer Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo\n"
+                   "with W = W0 + (alpha / r) B A,\n"
                    "sequence-sharded activations and row-sharded parameters. Try: ringattn layer --demo --causal\n\n"
                 << desc << "\n";
     return 0;
@@ -290,6 +382,15 @@ int run_layer(LaunchContext& ctx) {
                 double(c.scaling()), on.empty() ? "none" : on.c_str());
     std::printf("  mask      %s   layout %s   schedule %s\n", mask.describe().c_str(), layout_name(job.layout),
                 schedule_name(c.schedule));
+    std::string biased;
+    for (int p = 0; p < kProjections; ++p)
+      if (c.bias[size_t(p)]) biased += std::string(biased.empty() ? "" : ",") + projection_name(p);
+    if (c.rope.enabled())
+      std::printf("  rope      theta %g  %s  dims %lld of %lld%s\n", c.rope.theta,
+                  c.rope.interleaved ? "interleaved (GPT-J)" : "rotate_half (Llama)",
+                  (long long)c.rope.rotary_dims(c.head_dim()), (long long)c.head_dim(),
+                  c.rope.per_document ? "  positions per document" : "");
+    if (!biased.empty()) std::printf("  bias      on %s\n", biased.c_str());
     if (o.steps > 0) {
       std::printf("# training: %d steps, %s lr %g%s, loss %s\n", o.steps, optimizer_name(job.optimizer.kind), o.lr,
                   job.optimizer.kind == OptimizerKind::adamw ? " (betas 0.9,0.999 eps 1e-8 weight_decay 0.01)" : "",
@@ -346,13 +447,19 @@ int run_layer(LaunchContext& ctx) {
     for (int p = 0; p < kProjections; ++p)
       if (c.lora[size_t(p)]) outputs.add_factors(o.grads, "--grads", p, layer->lora_grad(p));
   }
+  const bool merge_safetensors = merge_to_safetensors(o.merge_out);
   for (int p = 0; p < kProjections; ++p) {
     if (!o.save_lora.empty() && c.lora[size_t(p)])
       outputs.add_factors(o.save_lora, "--save-lora", p, layer->projection(p).lora());
-    if (!o.merge_out.empty()) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
+    if (!o.merge_out.empty() && !merge_safetensors) outputs.add_merged(o.merge_out, p, std::move(merged[size_t(p)]));
   }
+  if (merge_safetensors) outputs.add_merged_safetensors(o.merge_out, o.weights_prefix, std::move(merged));
+  if (!o.save_adapter.empty()) outputs.add_adapter(o.save_adapter, o.weights_prefix);
   if (!outputs.empty())
-    outputs.write(comm, {{o.grads, "--grads"}, {o.merge_out, "--merge-out"}, {o.save_lora, "--save-lora"}});
+    outputs.write(comm, {{o.grads, "--grads"},
+                         {merge_safetensors ? "" : o.merge_out, "--merge-out"},
+                         {o.save_lora, "--save-lora"},
+                         {o.save_adapter, "--save-adapter"}});
 
   // Summary: times are the slowest rank's, memory the largest.
   const double fwd_s = max_over_ranks(comm, fwd.seconds), bwd_s = max_over_ranks(comm, bwd.seconds);

@@ -12,22 +12,31 @@ packages=(
   googletest libgtest-dev                 # the tests
   clang libclang-rt-14-dev                # the libFuzzer target of the .npy reader (tests)
   python3 python3-matplotlib python3-numpy  # launch/bench/plot_scaling.py and file examples
+  python3-venv                            # build/pyenv: the safetensors package for the layer tests
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "launch/setup.sh: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "launch/setup.sh: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "launch/setup.sh: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "launch/setup.sh: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
+# The safetensors package (small, not in Debian 12) in a venv over the system's NumPy: the layer
+# tests write their checkpoints and adapters with it. Best effort: without network the tests that
+# need it are not registered (CMake looks for build/pyenv/bin/python).
+cd "$(dirname "$0")/.."
+if ! build/pyenv/bin/python -c "import safetensors.numpy" 2>/dev/null; then
+  /usr/bin/python3 -m venv --system-site-packages build/pyenv &&
+    build/pyenv/bin/pip install -q safetensors ||
+    echo "launch/setup.sh: could not install safetensors into build/pyenv (its tests are skipped)" >&2
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds, and runs every test: the unit and MPI tests (ctest), the NCCL path on the
-# emulated CUDA and NCCL, then the same tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then a bounded fuzzing run of the .npy reader.
+# emulated CUDA and NCCL, then the same tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then a bounded fuzzing run of the .npy and safetensors readers.
 # RINGATTN_QUICK=1 skips the sanitizer build and the fuzzer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,13 +27,17 @@ cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 900 -LE "slow|memory"
 
-# Fuzzing: libFuzzer with clang, bounded time, seeded with tests/fuzz/corpus.
+# Fuzzing: libFuzzer with clang, bounded time shared by the .npy and safetensors readers, each
+# seeded with its own corpus under tests/fuzz/corpus.
 if [ -d tests/fuzz ]; then
   cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_FUZZ=ON -DRINGATTN_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-  cmake --build build-fuzz -j"$(nproc)" --target fuzz_npy
-  corpus=$(mktemp -d)
-  cp tests/fuzz/corpus/npy/* "$corpus"/
-  build-fuzz/fuzz_npy "$corpus" -max_total_time="${RINGATTN_FUZZ_SECONDS:-60}" -print_final_stats=1
-  rm -rf "$corpus"
+  cmake --build build-fuzz -j"$(nproc)" --target fuzz_npy fuzz_safetensors
+  seconds=$(( ${RINGATTN_FUZZ_SECONDS:-60} / 2 ))
+  for target in npy safetensors; do
+    corpus=$(mktemp -d)
+    cp tests/fuzz/corpus/"$target"/* "$corpus"/
+    build-fuzz/fuzz_"$target" "$corpus" -max_total_time="$seconds" -print_final_stats=1
+    rm -rf "$corpus"
+  done
 fi

@@ -10,7 +10,7 @@
 
 #include "launch/job_control.hpp"
 #include "launch/json.hpp"
-#include "launch/json_reader.hpp"
+#include "runtime/io/json_reader.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
@@ -41,7 +41,7 @@ ClusterSpec default_cluster() {
 
 struct PlanOptions {
   std::string cluster, ranks = "8,64,512", layouts = "contiguous,zigzag,striped", schedules = "direct,ring";
-  int64_t seq_len = 1 << 20, batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
+  int64_t seq_len = 1 << 20, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
   std::string dtype = "bf16";
   uint64_t seed = 0;
   MaskOptions mask;
@@ -102,8 +102,8 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("ranks", po::value(&o.ranks)->default_value("8,64,512")->value_name("P1,P2,..."), "rank counts to project")
       ("seq-len", po::value(&o.seq_len)->default_value(1 << 20)->value_name("L"), "sequence length")
       ("batch", po::value(&o.batch)->default_value(1)->value_name("B"), "batch")
-      ("heads", po::value(&o.heads)->default_value(32)->value_name("H"), "query heads")
-      ("kv-heads", po::value(&o.kv_heads)->default_value(8)->value_name("HKV"), "key/value heads (0 = H)")
+      ("heads", po::value(&o.heads)->default_value(8)->value_name("H"), "query heads")
+      ("kv-heads", po::value(&o.kv_heads)->default_value(0)->value_name("HKV"), "key/value heads (0 = H)")
       ("head-dim", po::value(&o.head_dim)->default_value(128)->value_name("D"), "head dim")
       ("dtype", po::value(&o.dtype)->default_value("bf16")->value_name("fp32|bf16"), "storage and transfer type")
       ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of BigBird masks")

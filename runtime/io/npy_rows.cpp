@@ -32,41 +32,12 @@ constexpr int64_t kBounceBytes = 1 << 20;  // conversion buffer for float64/floa
 
 // --- selections ---------------------------------------------------------------------------
 
-// Calls fn(file_element, buffer_element, elements) for each maximal run of the selection that is
-// contiguous both in the file and in the buffer (so a full-sequence selection is one run).
-template <class Fn>
-void for_each_run(const RowSelection& rows, int64_t file_elements, const std::string& where, Fn&& fn) {
-  const int64_t count = static_cast<int64_t>(rows.positions.size());
-  int64_t total = 0;
-  if (rows.outer < 0 || rows.seq < 0 || rows.inner < 0 || __builtin_mul_overflow(rows.outer, rows.seq, &total) ||
-      __builtin_mul_overflow(total, rows.inner, &total) || total != file_elements)
-    throw std::invalid_argument(where + "cannot view " + std::to_string(file_elements) + " elements as (outer, seq, inner) = (" +
-                                std::to_string(rows.outer) + ", " + std::to_string(rows.seq) + ", " +
-                                std::to_string(rows.inner) + ")");
-  for (int64_t k = 0; k < count; ++k)
-    if (rows.positions[k] < 0 || rows.positions[k] >= rows.seq || (k && rows.positions[k] <= rows.positions[k - 1]))
-      throw std::invalid_argument(where + "row positions must be strictly ascending in [0, " + std::to_string(rows.seq) + ")");
-  int64_t run_file = 0, run_buffer = 0, run_elements = 0;
-  for (int64_t o = 0; o < rows.outer; ++o) {
-    for (int64_t k = 0; k < count;) {
-      int64_t n = 1;
-      while (k + n < count && rows.positions[k + n] == rows.positions[k] + n) ++n;
-      const int64_t file = (o * rows.seq + rows.positions[k]) * rows.inner, buffer = (o * count + k) * rows.inner;
-      if (run_elements && run_file + run_elements == file && run_buffer + run_elements == buffer) {
-        run_elements += n * rows.inner;
-      } else {
-        if (run_elements) fn(run_file, run_buffer, run_elements);
-        run_file = file, run_buffer = buffer, run_elements = n * rows.inner;
-      }
-      k += n;
-    }
-  }
-  if (run_elements) fn(run_file, run_buffer, run_elements);
-}
 
 // --- conversions ------------------------------------------------------------------------------
 
-float half_to_float(uint16_t h) {
+}  // namespace
+
+float npy_internal::half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
   if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
@@ -77,6 +48,8 @@ float half_to_float(uint16_t h) {
                                          : sign | ((exponent + 112) << 23) | (mantissa << 13);
   return std::bit_cast<float>(bits);
 }
+
+namespace {
 
 // Converts n elements of a float64 or float16 file; counts finite values that overflowed to inf.
 void convert_to_float(std::string_view descr, const char* src, int64_t n, float* dst, int64_t* overflowed) {

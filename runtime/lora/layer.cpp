@@ -45,11 +45,12 @@ const char* projection_name(int p) {
 ProjectionShape LayerConfig::shape(int p) const {
   const int64_t D = head_dim();
   const int64_t r = lora[static_cast<size_t>(p)] ? lora_rank : 0;
+  const bool b = bias[static_cast<size_t>(p)];
   switch (p) {
-    case kQuery: return {heads * D, d_model, r};
+    case kQuery: return {heads * D, d_model, r, b};
     case kKey:
-    case kValue: return {kv_heads * D, d_model, r};
-    default: return {d_model, heads * D, r};
+    case kValue: return {kv_heads * D, d_model, r, b};
+    default: return {d_model, heads * D, r, b};
   }
 }
 
@@ -69,6 +70,7 @@ void LayerConfig::validate() const {
   for (bool on : lora)
     if (on && lora_rank == 0) throw UsageError("--lora-rank: LoRA factors need a positive rank");
   if (!std::isfinite(lora_alpha)) throw UsageError("--lora-alpha: must be a finite number");
+  rope.validate(head_dim(), true);  // the documents are the mask's: checked by LoraLayer
 }
 
 LoraLayer::LoraLayer(comm::Communicator& comm, const LayerConfig& config, const ShardLayout& layout, const Mask& mask)
@@ -81,7 +83,11 @@ LoraLayer::LoraLayer(comm::Communicator& comm, const LayerConfig& config, const 
       ring_(comm, *backend_, layout_, mask_, RingOptions{attention_dims(config), config.dtype, config.schedule}) {
   if (layout.seq_len() != config.seq_len || layout.ranks() != comm.size())
     throw std::invalid_argument("LoraLayer: the layout does not match the sequence length or the communicator");
+  if (config_.rope.per_document && !mask_.has_documents())
+    throw UsageError("--rope-per-document needs documents: --doc-lens");
   for (int p = 0; p < kProjections; ++p) projections_.emplace_back(config_.shape(p), comm.size(), comm.rank());
+  rope_ = RopeTable(config_.rope, config_.head_dim(),
+                    rope_positions(ring_.positions(), mask_.doc_offsets(), config_.rope.per_document));
   set_blas_threads(config.threads);
 }
 
@@ -131,6 +137,7 @@ LayerPassStats LoraLayer::forward(const float* x, float* y) {
     if (p == kOutput) return project(w, p, o_.data(), y);
     out.resize(static_cast<size_t>(N * w.shape.out));
     project(w, p, x, out.data());
+    if (p != kValue) rope_.apply(out.data(), config_.batch, p == kQuery ? config_.heads : config_.kv_heads, false);
     store(out.data(), out.size(), config_.dtype, p == kQuery ? q_ : p == kKey ? k_ : v_);
     if (p != kValue) return;
     const comm::Stopwatch t;  // the gather of Wo is in flight meanwhile
@@ -170,7 +177,9 @@ LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
       stats.attention_seconds = t.seconds();
       return;
     }
-    const float* d_proj = p == kQuery ? dq.data() : p == kKey ? dk.data() : dv.data();
+    float* d_proj = p == kQuery ? dq.data() : p == kKey ? dk.data() : dv.data();
+    // The ring's dq, dk are gradients of the rotated q, k: rotate back to those of the projections.
+    if (p != kValue) rope_.apply(d_proj, config_.batch, p == kQuery ? config_.heads : config_.kv_heads, true);
     projection_backward(w, s, x, u, d_proj, N, dx, p != kValue, grad_a_t, grad_b, progress());
   });
   const comm::Stopwatch reduce;

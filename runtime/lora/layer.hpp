@@ -1,14 +1,18 @@
 // The LoRA attention layer around the ring (SPEC.md "The LoRA attention layer"):
 //
-//   Y = Attn(X Wq^T, X Wk^T, X Wv^T) Wo^T,   W = W0 + (alpha / r) B A for each projection,
+//   Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo,
+//   W = W0 + (alpha / r) B A for each projection,
 //
 // heads split (L, H, D) with D = d_model / H, GQA through Hkv, any mask of the attention job.
+// Biases are optional and frozen; rope (rope.hpp) is optional and uses each row's global
+// position (or its offset in its document), whatever the layout.
 // Activations are sharded by sequence positions (ShardLayout), parameters by rows (FSDP-like):
 //
 //   what                    shape            rank p holds                         between passes
 //   X, Y, dX, dY            (B, L, d)        its positions' rows                  (caller's)
 //   Q, K, V, O, LSE, x A^T  (B, L, ...)      its positions' rows                  kept for backward
 //   W0 of q, k, v, o        (out, in)        rows even_chunk(out, P, p)           ~1/P
+//   bias of q, k, v, o      (out,)           the same rows                        ~1/P
 //   B  of q, k, v, o        (out, r)         the same rows                        ~1/P
 //   A  of q, k, v, o        (r, in)          columns even_chunk(in, P, p)         ~1/P
 //   dA, dB                  like A, B        the same slices, summed over all     ~1/P
@@ -30,6 +34,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +44,7 @@
 #include "comm/communicator.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/lora/projection.hpp"
+#include "runtime/lora/rope.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/ring_attention.hpp"
 #include "runtime/shard_layout.hpp"
@@ -57,16 +63,22 @@ struct LayerConfig {
   int64_t kv_heads = 1;
   int64_t lora_rank = 0;                  // r
   double lora_alpha = 0.0;                // scaling = alpha / r
+  bool rslora = false;                    // rank-stabilised: scaling = alpha / sqrt(r) (PEFT use_rslora)
   std::array<bool, kProjections> lora{};  // which projections carry LoRA factors
+  std::array<bool, kProjections> bias{};  // which projections have a (frozen) bias
+  RopeConfig rope;                        // rotary embeddings of q and k (off by default)
   DType dtype = DType::f32;               // of Q, K, V, dO in the ring (projections are fp32)
   Schedule schedule = Schedule::direct;
   int threads = 1;
 
   int64_t head_dim() const { return d_model / heads; }
-  float scaling() const { return lora_rank > 0 ? float(lora_alpha / double(lora_rank)) : 0.0f; }
+  float scaling() const {
+    if (lora_rank <= 0) return 0.0f;
+    return float(lora_alpha / (rslora ? std::sqrt(double(lora_rank)) : double(lora_rank)));
+  }
   ProjectionShape shape(int p) const;
   // Checks the arithmetic of the shape (d_model divisible by heads, Hkv dividing H, a head dim
-  // the kernels support, r >= 0); throws UsageError naming the option.
+  // the kernels support, r >= 0, the rotary dims); throws UsageError naming the option.
   void validate() const;
 };
 
@@ -146,6 +158,7 @@ class LoraLayer {
   std::vector<uint8_t> q_, k_, v_;
   std::vector<float> o_, lse_;
   std::array<std::vector<float>, kProjections> u_;
+  RopeTable rope_;  // cos / sin of this rank's rows
   bool have_forward_ = false;
   std::array<std::vector<float>, kProjections> grads_;
 };

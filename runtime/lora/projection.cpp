@@ -18,8 +18,6 @@ namespace {
 // enough that a gather in flight is served every few hundred microseconds.
 constexpr int64_t kRowBlock = 256;
 
-enum GatherPart : int { kW0 = 0, kA = 1, kB = 2 };
-
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -39,6 +37,7 @@ ShardedProjection::ShardedProjection(const ProjectionShape& shape, int ranks, in
     : shape_(shape), ranks_(ranks), rank_(rank) {
   const RowRange r = rows();
   w0_.assign(static_cast<size_t>((r.end - r.begin) * shape.in), 0.0f);
+  if (shape.bias) bias_.assign(static_cast<size_t>(r.end - r.begin), 0.0f);
   lora_.assign(a_elements(rank) + b_elements(rank), 0.0f);
 }
 
@@ -53,7 +52,8 @@ size_t ShardedProjection::b_elements(int rank) const {
 }
 
 size_t ShardedProjection::full_bytes() const {
-  return sizeof(float) * static_cast<size_t>(shape_.out * shape_.in + (shape_.out + shape_.in) * shape_.rank);
+  return sizeof(float) * static_cast<size_t>(shape_.out * shape_.in + (shape_.bias ? shape_.out : 0) +
+                                             (shape_.out + shape_.in) * shape_.rank);
 }
 
 void ShardedProjection::for_each_owned(ProjectionPart part,
@@ -64,6 +64,10 @@ void ShardedProjection::for_each_owned(ProjectionPart part,
     case ProjectionPart::w0:
       for (int64_t i = r.begin; i < r.end; ++i)
         for (int64_t j = 0; j < shape_.in; ++j) f(i, j, static_cast<size_t>((i - r.begin) * shape_.in + j));
+      break;
+    case ProjectionPart::bias:
+      if (!shape_.bias) break;
+      for (int64_t i = r.begin; i < r.end; ++i) f(i, 0, static_cast<size_t>(i - r.begin));
       break;
     case ProjectionPart::lora_a:  // A (r, in), held as A^T rows c.begin..c.end
       for (int64_t i = 0; i < R; ++i)
@@ -79,12 +83,13 @@ void ShardedProjection::for_each_owned(ProjectionPart part,
 }
 
 void ShardedProjection::fill(ProjectionPart part, const std::function<float(int64_t, int64_t)>& value) {
-  float* dst = part == ProjectionPart::w0 ? w0_.data() : lora_.data();
+  float* dst = part == ProjectionPart::w0 ? w0_.data() : part == ProjectionPart::bias ? bias_.data() : lora_.data();
   for_each_owned(part, [&](int64_t i, int64_t j, size_t index) { dst[index] = value(i, j); });
 }
 
 void GatheredProjection::release() {
   std::vector<float>().swap(w0);
+  std::vector<float>().swap(bias);
   std::vector<float>().swap(a_t);
   std::vector<float>().swap(b);
 }
@@ -92,8 +97,10 @@ void GatheredProjection::release() {
 void ProjectionGather::start(comm::Communicator& comm, const ShardedProjection& p, GatheredProjection& dst, int tag) {
   const ProjectionShape& s = p.shape();
   const int P = comm.size(), me = comm.rank();
+  constexpr int kParts = 4;  // W0, A^T, B, bias
   dst.shape = s;
   dst.w0.resize(static_cast<size_t>(s.out * s.in));
+  dst.bias.resize(static_cast<size_t>(s.bias ? s.out : 0));
   dst.a_t.resize(static_cast<size_t>(s.in * s.rank));
   dst.b.resize(static_cast<size_t>(s.out * s.rank));
   // Where rank q's slices go in the gathered tensors, and how long they are.
@@ -103,22 +110,25 @@ void ProjectionGather::start(comm::Communicator& comm, const ShardedProjection& 
   };
   auto pieces = [&](int q) {
     const RowRange r = p.rows(q), c = p.cols(q);
-    return std::array<Piece, 3>{Piece{dst.w0.data() + r.begin * s.in, static_cast<size_t>((r.end - r.begin) * s.in)},
-                                Piece{dst.a_t.data() + c.begin * s.rank, p.a_elements(q)},
-                                Piece{dst.b.data() + r.begin * s.rank, p.b_elements(q)}};
+    return std::array<Piece, kParts>{
+        Piece{dst.w0.data() + r.begin * s.in, static_cast<size_t>((r.end - r.begin) * s.in)},
+        Piece{dst.a_t.data() + c.begin * s.rank, p.a_elements(q)}, Piece{dst.b.data() + r.begin * s.rank, p.b_elements(q)},
+        Piece{dst.bias.data() + (s.bias ? r.begin : 0), static_cast<size_t>(s.bias ? r.end - r.begin : 0)}};
   };
-  const std::array<const float*, 3> mine = {p.w0().data(), p.lora_a_t().data(), p.lora_b().data()};
-  const std::array<Piece, 3> own = pieces(me);
-  for (int part = 0; part < 3; ++part)
+  const std::array<const float*, kParts> mine = {p.w0().data(), p.lora_a_t().data(), p.lora_b().data(),
+                                                 p.bias().data()};
+  const std::array<Piece, kParts> own = pieces(me);
+  for (int part = 0; part < kParts; ++part)
     if (own[part].elements) std::memcpy(own[part].at, mine[part], own[part].elements * sizeof(float));
   for (int step = 1; step < P; ++step) {
     const int to = (me + step) % P, from = (me - step + P) % P;
-    const std::array<Piece, 3> theirs = pieces(from);
-    for (int part = 0; part < 3; ++part) {
+    const std::array<Piece, kParts> theirs = pieces(from);
+    for (int part = 0; part < kParts; ++part) {
+      const int part_tag = tag * kParts + part;
       if (theirs[part].elements)
-        requests_.push_back(comm.irecv(theirs[part].at, theirs[part].elements * sizeof(float), from, tag * 3 + part));
+        requests_.push_back(comm.irecv(theirs[part].at, theirs[part].elements * sizeof(float), from, part_tag));
       if (own[part].elements)
-        requests_.push_back(comm.isend(mine[part], own[part].elements * sizeof(float), to, tag * 3 + part));
+        requests_.push_back(comm.isend(mine[part], own[part].elements * sizeof(float), to, part_tag));
     }
   }
 }
@@ -138,6 +148,9 @@ void projection_forward(const GatheredProjection& w, float scaling, const float*
     const float* xb = x + r0 * s.in;
     float* yb = y + r0 * s.out;
     sgemm(CblasNoTrans, CblasTrans, m, s.out, s.in, 1.0f, xb, s.in, w.w0.data(), s.in, 0.0f, yb, s.out);
+    if (!w.bias.empty())
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < s.out; ++j) yb[i * s.out + j] += w.bias[size_t(j)];
     if (s.has_lora()) {
       float* ub = u + r0 * s.rank;
       sgemm(CblasNoTrans, CblasNoTrans, m, s.rank, s.in, 1.0f, xb, s.in, w.a_t.data(), s.rank, 0.0f, ub, s.rank);

@@ -1,8 +1,9 @@
-// One projection of the LoRA attention layer, y = x W^T with W = W0 + s B A (s = alpha / r), its
+// One projection of the LoRA attention layer, y = x W^T + bias with W = W0 + s B A (s = alpha / r), its
 // parameters sharded over the ranks, and the arithmetic on it (SPEC.md "The LoRA attention layer").
 //
 // File layouts (PyTorch nn.Linear): W0 (out, in), A (r, in), B (out, r). Rank p of P holds
 //   W0 rows [out_p)          rows `rows(p)` of W0: about out/P of them
+//   bias [out_p)             the same entries of the (optional, frozen) bias
 //   B rows  [out_p)          the same rows of B
 //   A columns [in_p)         columns `cols(p)` of A, stored transposed: rows of A^T (in, r)
 // where [out_p) and [in_p) are the near-equal contiguous chunks of even_chunk(). Cutting A by its
@@ -33,10 +34,11 @@ struct ProjectionShape {
   int64_t out = 0;   // rows of W0 and B
   int64_t in = 0;    // columns of W0 and A
   int64_t rank = 0;  // r; 0 = no LoRA factors
+  bool bias = false; // a frozen bias (out,)
   bool has_lora() const { return rank > 0; }
 };
 
-enum class ProjectionPart { w0, lora_a, lora_b };
+enum class ProjectionPart { w0, lora_a, lora_b, bias };
 
 // This rank's slice of one projection's parameters.
 class ShardedProjection {
@@ -53,6 +55,9 @@ class ShardedProjection {
   // W0 rows (rows, in), frozen.
   std::span<float> w0() { return w0_; }
   std::span<const float> w0() const { return w0_; }
+  // Bias entries of rows() (empty without a bias), frozen.
+  std::span<float> bias() { return bias_; }
+  std::span<const float> bias() const { return bias_; }
   // The trainable slice: [A^T rows (cols, r) | B rows (rows, r)]. Gradients and optimizer state
   // have this layout too.
   std::span<float> lora() { return lora_; }
@@ -63,28 +68,29 @@ class ShardedProjection {
   size_t b_elements(int rank) const;  // of rank's B slice
 
   // Calls f(row, col, index) for every element of `part` this rank holds: (row, col) in the
-  // file layout of the part, index into w0() (part w0) or into lora() (A and B).
+  // file layout of the part (a bias is (out, 1)), index into w0(), bias() or lora() (A and B).
   void for_each_owned(ProjectionPart part, const std::function<void(int64_t, int64_t, size_t)>& f) const;
   // Sets every owned element of `part` to value(row, col).
   void fill(ProjectionPart part, const std::function<float(int64_t, int64_t)>& value);
 
-  size_t bytes() const { return sizeof(float) * (w0_.size() + lora_.size()); }
+  size_t bytes() const { return sizeof(float) * (w0_.size() + bias_.size() + lora_.size()); }
   size_t full_bytes() const;  // of the whole projection, on one rank
 
  private:
   ProjectionShape shape_;
   int ranks_, rank_;
-  std::vector<float> w0_, lora_;
+  std::vector<float> w0_, bias_, lora_;
 };
 
 // A projection's whole parameters, assembled on one rank for the time of its use.
 struct GatheredProjection {
   ProjectionShape shape;
   std::vector<float> w0;   // (out, in)
+  std::vector<float> bias; // (out,), empty without a bias
   std::vector<float> a_t;  // (in, r): A transposed
   std::vector<float> b;    // (out, r)
 
-  size_t bytes() const { return sizeof(float) * (w0.size() + a_t.size() + b.size()); }
+  size_t bytes() const { return sizeof(float) * (w0.size() + bias.size() + a_t.size() + b.size()); }
   void release();  // frees the memory
 };
 
@@ -105,7 +111,7 @@ class ProjectionGather {
   std::vector<comm::Request> requests_;
 };
 
-// y (n, out) = x (n, in) W0^T + s u B^T with u = x A^T (n, r), which is kept for the backward
+// y (n, out) = x (n, in) W0^T + bias + s u B^T with u = x A^T (n, r), which is kept for the backward
 // pass (u may be null without LoRA). `progress` is called between blocks of rows.
 void projection_forward(const GatheredProjection& w, float scaling, const float* x, int64_t n, float* y, float* u,
                         const std::function<void()>& progress);
@@ -113,6 +119,7 @@ void projection_forward(const GatheredProjection& w, float scaling, const float*
 // Given dy (n, out) and the forward's x and u: with du = s dy B (n, r),
 //   grad_a_t (in, r) += x^T du,   grad_b (out, r) += s dy^T u    (sums over these n rows)
 //   dx (n, in) = dy W0 + du A     (+= when accumulate_dx; skipped when dx is null)
+// (the bias is frozen and does not enter dx: it has no gradient here)
 void projection_backward(const GatheredProjection& w, float scaling, const float* x, const float* u, const float* dy,
                          int64_t n, float* dx, bool accumulate_dx, float* grad_a_t, float* grad_b,
                          const std::function<void()>& progress);

@@ -1,7 +1,9 @@
 // `ringattn layer` end to end: the test writes small .npy files, runs the command under mpirun
 // with 2 ranks, and compares what it wrote with the fp64 reference of the layer (lora_reference.hpp):
 // Y, dX and the LoRA gradients, merged weights (and a run from them), a training step, bad input
-// (exit code 2 and the message), and the demo's loss curve at 1 and 2 ranks.
+// (exit code 2 and the message), and the demo's loss curve at 1 and 2 ranks; rotary embeddings and
+// biases; the same layer from a safetensors checkpoint and a PEFT adapter folder, written back by
+// --save-adapter and --merge-out FILE.safetensors; bad safetensors files.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +21,8 @@
 #include "runtime/lora/projection.hpp"
 #include "runtime/lora/weights.hpp"
 #include "runtime/io/npy.hpp"
+#include "runtime/io/safetensors.hpp"
+#include "runtime/io/safetensors_output.hpp"
 
 namespace ringattn::testing {
 namespace {
@@ -237,8 +242,152 @@ TEST_F(LayerCli, BadInputExitsWithCode2AndNamesTheProblem) {
   }
 }
 
+// A float32 safetensors file of whole tensors.
+void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                       const std::vector<const std::vector<double>*>& data) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, shape] : shapes) entries.push_back({name, shape});
+  SafetensorsOutput out = SafetensorsOutput::create(path.string(), "test", entries, {{"format", "pt"}});
+  const std::vector<int64_t> zero{0};
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::vector<float> f = to_float(*data[i]);
+    out.write_rows(i, RowSelection{1, 1, int64_t(f.size()), zero}, f.data());
+  }
+  out.commit();
+}
+
+std::vector<double> read_tensor(const fs::path& path, const std::string& name, const std::vector<int64_t>& shape) {
+  const SafetensorsInfo info = inspect_safetensors(path.string(), "test");
+  const SafetensorsTensor& t = require_float_tensor(info, name, shape);
+  std::vector<float> out(size_t(t.elements()));
+  const std::vector<int64_t> zero{0};
+  read_safetensors_rows(info, t, RowSelection{1, 1, t.elements(), zero}, out.data());
+  return to_double(out);
+}
+
+// RoPE (interleaved, partial) with biases at 3 ranks, zigzag; then the same layer from a
+// safetensors checkpoint + PEFT adapter, saved back as an adapter and merged weights.
+TEST_F(LayerCli, RopeBiasesAndSafetensorsCheckpointsMatchFp64) {
+  const std::string names[4] = {"q", "k", "v", "o"};
+  for (int p = 0; p < 4; ++p) {
+    ref.bias[size_t(p)] = to_double(random_vector(size_t(ref.proj[size_t(p)].out), 70 + p, 0.5f));
+    write(dir / "weights" / ("b" + names[p] + ".npy"), {ref.proj[size_t(p)].out}, ref.bias[size_t(p)]);
+  }
+  ref.rope_theta = 500.0, ref.rope_interleaved = true, ref.rope_dims = 8;
+  const std::string rope = " --rope-theta 500 --rope-interleaved --rope-dims 8 --layout zigzag";
+  const CommandResult run = run_layer(3, files() + rope + " --dy " + (dir / "dy.npy").string() + " --out " +
+                                             (dir / "y.npy").string() + " --grads " + (dir / "grads").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::vector<double> y = reference_layer_forward(ref, x);
+  const RefGrads g = reference_layer_backward(ref, x, dy);
+  expect_close(dir / "y.npy", {B, L, d}, y);
+  expect_close(dir / "grads" / "dx.npy", {B, L, d}, g.dx);
+  for (int p = 0; p < 3; ++p) {
+    const RefProjection& pr = ref.proj[size_t(p)];
+    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_a), {r, pr.in}, g.da[size_t(p)]);
+    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_b), {pr.out, r}, g.db[size_t(p)]);
+  }
+
+  // The same parameters as an HF checkpoint and a PEFT adapter (LoRA on q, k, v).
+  const std::string prefix = "model.layers.3.self_attn.";
+  std::vector<std::pair<std::string, std::vector<int64_t>>> base_shapes, lora_shapes;
+  std::vector<const std::vector<double>*> base_data, lora_data;
+  for (int p = 0; p < 4; ++p) {
+    const RefProjection& pr = ref.proj[size_t(p)];
+    base_shapes.push_back({prefix + names[p] + "_proj.weight", {pr.out, pr.in}});
+    base_data.push_back(&pr.w0);
+    base_shapes.push_back({prefix + names[p] + "_proj.bias", {pr.out}});
+    base_data.push_back(&ref.bias[size_t(p)]);
+    if (pr.rank == 0) continue;
+    lora_shapes.push_back({"base_model.model." + prefix + names[p] + "_proj.lora_A.weight", {r, pr.in}});
+    lora_data.push_back(&pr.a);
+    lora_shapes.push_back({"base_model.model." + prefix + names[p] + "_proj.lora_B.weight", {pr.out, r}});
+    lora_data.push_back(&pr.b);
+  }
+  write_safetensors(dir / "model.safetensors", base_shapes, base_data);
+  fs::create_directories(dir / "adapter");
+  write_safetensors(dir / "adapter" / "adapter_model.safetensors", lora_shapes, lora_data);
+  {
+    std::ofstream config(dir / "adapter" / "adapter_config.json");
+    config << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": false,
+                 "target_modules": ["v_proj", "q_proj", "k_proj"], "lora_dropout": 0.0, "bias": "none"})";
+  }
+  const std::string checkpoint = "--x " + (dir / "x.npy").string() + " --weights " +
+                                 (dir / "model.safetensors").string() + " --weights-prefix " + prefix +
+                                 " --adapter " + (dir / "adapter").string() + " --heads 4 --kv-heads 2 --causal" + rope;
+  const CommandResult st = run_layer(2, checkpoint + " --out " + (dir / "y_st.npy").string() + " --save-adapter " +
+                                            (dir / "saved").string() + " --merge-out " +
+                                            (dir / "merged.safetensors").string());
+  ASSERT_EQ(st.code, 0) << st.output;
+  expect_close(dir / "y_st.npy", {B, L, d}, y);
+  for (size_t i = 0; i < lora_shapes.size(); ++i)
+    EXPECT_LE(max_abs_diff(read_tensor(dir / "saved" / "adapter_model.safetensors", lora_shapes[i].first,
+                                       lora_shapes[i].second),
+                           *lora_data[i]),
+              1e-6)
+        << lora_shapes[i].first;
+  EXPECT_TRUE(fs::exists(dir / "saved" / "adapter_config.json"));
+  for (int p = 0; p < 4; ++p) {
+    const RefProjection& pr = ref.proj[size_t(p)];
+    const std::vector<double> merged =
+        read_tensor(dir / "merged.safetensors", prefix + names[p] + "_proj.weight", {pr.out, pr.in});
+    EXPECT_LE(max_abs_diff(merged, ref.effective(p)), 1e-6 * std::max(1.0, max_abs(ref.effective(p)))) << names[p];
+    EXPECT_LE(max_abs_diff(read_tensor(dir / "merged.safetensors", prefix + names[p] + "_proj.bias", {pr.out}),
+                           ref.bias[size_t(p)]),
+              1e-7)
+        << names[p];
+  }
+  // The saved adapter loads again: the same Y.
+  const CommandResult again = run_layer(
+      1, "--x " + (dir / "x.npy").string() + " --weights " + (dir / "model.safetensors").string() +
+             " --weights-prefix " + prefix + " --adapter " + (dir / "saved").string() +
+             " --heads 4 --kv-heads 2 --causal" + rope + " --out " + (dir / "y_again.npy").string());
+  ASSERT_EQ(again.code, 0) << again.output;
+  expect_close(dir / "y_again.npy", {B, L, d}, y);
+
+  // Bad checkpoints: exit 2, naming the file and the tensor.
+  const std::string model = (dir / "model.safetensors").string();
+  {
+    std::ofstream config(dir / "config.json");
+    config << R"({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                 "rope_theta": 500.0, "attention_bias": true})";
+  }
+  fs::remove(dir / "weights" / "bo.npy");
+  const auto size = fs::file_size(model);
+  fs::copy_file(model, dir / "truncated.safetensors");
+  fs::resize_file(dir / "truncated.safetensors", size - 100);
+  struct Case {
+    std::string args, message;
+  };
+  const std::string x_arg = "--x " + (dir / "x.npy").string() + " --heads 4 --kv-heads 2 ";
+  const std::vector<Case> cases = {
+      {x_arg + "--weights " + (dir / "truncated.safetensors").string() + " --weights-prefix " + prefix,
+       "truncated.safetensors: tensor \"" + prefix + "o_proj.bias\": data_offsets"},
+      {x_arg + "--weights " + model + " --weights-prefix model.layers.9.self_attn.",
+       "tensor \"model.layers.9.self_attn.q_proj.weight\" is missing"},
+      {"--x " + (dir / "x.npy").string() + " --heads 4 --kv-heads 4 --weights " + model + " --weights-prefix " + prefix,
+       "tensor \"" + prefix + "k_proj.weight\": shape (32, 64), expected (64, 64)"},
+      {x_arg + "--weights " + model + " --weights-prefix " + prefix + " --adapter " + (dir / "adapter").string() +
+           " --lora-alpha 3",
+       "--lora-alpha: --adapter"},
+      {x_arg + "--weights " + (dir / "weights").string() + " --rope-dims 6", "need --rope-theta"},
+      {"--x " + (dir / "x.npy").string() + " --heads 8 --config " + (dir / "config.json").string() + " --weights " +
+           (dir / "weights").string(),
+       "--heads 8 contradicts --config " + (dir / "config.json").string() + " (num_attention_heads 4)"},
+      {"--x " + (dir / "x.npy").string() + " --config " + (dir / "config.json").string() + " --weights " +
+           (dir / "weights").string(),
+       "attention_bias is true, but --weights has no bias for o_proj"},
+      {x_arg + "--weights " + (dir / "weights").string() + " --rope-theta 100 --rope-per-document", "--doc-lens"},
+  };
+  for (const Case& c : cases) {
+    const CommandResult bad = run_layer(2, c.args);
+    EXPECT_EQ(bad.code, 2) << c.args << "\n" << bad.output;
+    EXPECT_NE(bad.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << bad.output;
+  }
+}
+
 TEST_F(LayerCli, DemoLossCurveIsTheSameAtOneAndTwoRanks) {
-  const std::string args = "--demo --causal --seq-len 256 --d-model 64 --kv-heads 2 --steps 12";
+  const std::string args = "--demo --causal --seq-len 256 --d-model 64 --heads 4 --kv-heads 2 --steps 12";
   const CommandResult one = run_layer(1, args), two = run_layer(2, args);
   ASSERT_EQ(one.code, 0) << one.output;
   ASSERT_EQ(two.code, 0) << two.output;

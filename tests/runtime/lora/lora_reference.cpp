@@ -33,6 +33,36 @@ std::vector<double> transposed_times(const std::vector<double>& a, const std::ve
   return matmul(a, true, b, false, k, n, m);
 }
 
+// Rotates t (B, L, heads, D) in place by each row's angles: position x theta^(-2i / rd) for plane i;
+// by the opposite angles when `inverse` (the transpose, for gradients).
+void rotate(const RefLayer& l, std::vector<double>& t, int64_t heads, bool inverse) {
+  if (l.rope_theta == 0.0) return;
+  const int64_t D = l.head_dim(), rd = l.rope_dims ? l.rope_dims : D, half = rd / 2;
+  for (int64_t b = 0; b < l.batch; ++b)
+    for (int64_t i = 0; i < l.seq_len; ++i) {
+      int64_t pos = i;
+      if (l.rope_per_document)
+        for (int64_t start : l.doc_offsets)
+          if (start <= i) pos = i - start;
+      for (int64_t h = 0; h < heads; ++h) {
+        double* v = &t[size_t(((b * l.seq_len + i) * heads + h) * D)];
+        for (int64_t j = 0; j < half; ++j) {
+          const double angle = (inverse ? -1.0 : 1.0) * double(pos) * std::pow(l.rope_theta, -2.0 * double(j) / double(rd));
+          const int64_t first = l.rope_interleaved ? 2 * j : j, second = l.rope_interleaved ? 2 * j + 1 : j + half;
+          const double x1 = v[first], x2 = v[second];
+          v[first] = x1 * std::cos(angle) - x2 * std::sin(angle);
+          v[second] = x2 * std::cos(angle) + x1 * std::sin(angle);
+        }
+      }
+    }
+}
+
+// Adds bias (width,) to every row of t (rows, width); no-op when empty.
+void add_bias(std::vector<double>& t, const std::vector<double>& bias) {
+  if (bias.empty()) return;
+  for (size_t i = 0; i < t.size(); ++i) t[i] += bias[i % bias.size()];
+}
+
 struct Activations {
   std::vector<double> q, k, v, o, p;  // p: softmax probabilities (B, H, L, L), 0 where masked
 };
@@ -44,6 +74,11 @@ Activations attention_forward(const RefLayer& l, const std::vector<double>& x) {
   a.q = times_transposed(x, l.effective(0), B * L, d, H * D);
   a.k = times_transposed(x, l.effective(1), B * L, d, Hkv * D);
   a.v = times_transposed(x, l.effective(2), B * L, d, Hkv * D);
+  add_bias(a.q, l.bias[0]);
+  add_bias(a.k, l.bias[1]);
+  add_bias(a.v, l.bias[2]);
+  rotate(l, a.q, H, false);
+  rotate(l, a.k, Hkv, false);
   a.o.assign(size_t(B * L * H * D), 0.0);
   a.p.assign(size_t(B * H * L * L), 0.0);
   for (int64_t b = 0; b < B; ++b)
@@ -88,7 +123,9 @@ std::vector<double> RefLayer::effective(int p) const {
 
 std::vector<double> reference_layer_forward(const RefLayer& l, const std::vector<double>& x) {
   const Activations a = attention_forward(l, x);
-  return times_transposed(a.o, l.effective(3), l.batch * l.seq_len, l.heads * l.head_dim(), l.d_model);
+  std::vector<double> y = times_transposed(a.o, l.effective(3), l.batch * l.seq_len, l.heads * l.head_dim(), l.d_model);
+  add_bias(y, l.bias[3]);
+  return y;
 }
 
 RefGrads reference_layer_backward(const RefLayer& l, const std::vector<double>& x, const std::vector<double>& dy) {
@@ -125,6 +162,8 @@ RefGrads reference_layer_backward(const RefLayer& l, const std::vector<double>& 
         }
       }
     }
+  rotate(l, dq, H, true);  // gradients of the rotated q, k -> of the projections' outputs
+  rotate(l, dk, Hkv, true);
   dw[0] = transposed_times(dq, x, N, H * D, d);
   dw[1] = transposed_times(dk, x, N, Hkv * D, d);
   dw[2] = transposed_times(dv, x, N, Hkv * D, d);

@@ -1,5 +1,7 @@
 // Naive fp64 LoRA attention layer: the oracle of the layer tests. One process, whole sequence,
-// written independently of the runtime: effective weights W = W0 + s B A formed explicitly,
+// written independently of the runtime from SPEC.md's formula
+//   Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo:
+// effective weights W = W0 + s B A formed explicitly, rotary angles computed per (position, plane),
 // full (L x L) attention per head with the mask applied element by element, and the gradients of
 // A and B taken from the full weight gradient (dA = s B^T dW, dB = s dW A^T).
 #pragma once
@@ -23,6 +25,13 @@ struct RefLayer {
   double scaling = 1.0;  // alpha / r
   MaskView mask;
   std::array<RefProjection, 4> proj;  // q, k, v, o
+  std::array<std::vector<double>, 4> bias;  // (out,) each; empty = none
+  // Rotary embeddings: theta 0 = none; rope_dims 0 = the whole head; rotate_half pairing (i, i + rd/2)
+  // or interleaved (2i, 2i + 1); positions restart at each of doc_offsets with rope_per_document.
+  double rope_theta = 0.0;
+  bool rope_interleaved = false, rope_per_document = false;
+  int64_t rope_dims = 0;
+  std::vector<int64_t> doc_offsets;
 
   int64_t head_dim() const { return d_model / heads; }
   std::vector<double> effective(int p) const;  // W0 + s B A, (out, in)

@@ -1,6 +1,7 @@
 // The LoRA attention layer under mpirun against the fp64 reference of the whole layer
 // (lora_reference.hpp): Y, dX and dA, dB of every projection for every layout x schedule x mask,
-// GQA/MQA, batch 2, partial LoRA and bf16; one SGD and one AdamW step; training and the demo
+// GQA/MQA, batch 2, partial LoRA and bf16; rotary embeddings (both pairings, partial rotary,
+// per-document positions) with biases on every layout; one SGD and one AdamW step; training and the demo
 // independent of the number of ranks; merged weights; parameter memory per rank. Each rank checks
 // its own rows and its own parameter slices. Registered at 1, 2, 3 and 4 ranks.
 #include <gtest/gtest.h>
@@ -30,18 +31,25 @@ struct LayerCase {
   int64_t B = 2, L = 67, d = 64, H = 4, Hkv = 2, r = 4;
   double alpha = 8.0;
   std::array<bool, kProjections> lora{true, true, true, true};
+  std::array<bool, kProjections> bias{};
+  RopeConfig rope;
   DType dtype = DType::f32;
 
   LayerConfig config() const {
     LayerConfig c;
     c.batch = B, c.seq_len = L, c.d_model = d, c.heads = H, c.kv_heads = Hkv;
     c.lora_rank = r, c.lora_alpha = alpha, c.lora = lora, c.dtype = dtype, c.schedule = schedule, c.threads = 1;
+    c.bias = bias, c.rope = rope;
     return c;
   }
   std::string describe(const Mask& m, int P) const {
     return std::string(layout_name(layout)) + "/" + schedule_name(schedule) + "/" + m.describe() + "/" +
            dtype_name(dtype) + " B=" + std::to_string(B) + " L=" + std::to_string(L) + " H=" + std::to_string(H) +
-           " Hkv=" + std::to_string(Hkv) + " P=" + std::to_string(P);
+           " Hkv=" + std::to_string(Hkv) + " P=" + std::to_string(P) +
+           (rope.enabled() ? std::string(" rope(") + (rope.interleaved ? "interleaved" : "rotate_half") + ",dims " +
+                                 std::to_string(rope.dims) + (rope.per_document ? ",per-document)" : ")")
+                           : "") +
+           (bias[0] || bias[3] ? " biases" : "");
   }
 };
 
@@ -54,6 +62,8 @@ RefLayer make_reference(const LayerCase& c, const Mask& mask, uint64_t seed) {
   ref.batch = c.B, ref.seq_len = c.L, ref.d_model = c.d, ref.heads = c.H, ref.kv_heads = c.Hkv;
   ref.scaling = c.alpha / double(c.r);
   ref.mask = mask.view();
+  ref.rope_theta = c.rope.theta, ref.rope_interleaved = c.rope.interleaved, ref.rope_dims = c.rope.dims;
+  ref.rope_per_document = c.rope.per_document, ref.doc_offsets = mask.doc_offsets();
   const LayerConfig config = c.config();
   for (int p = 0; p < kProjections; ++p) {
     const ProjectionShape s = config.shape(p);
@@ -63,6 +73,7 @@ RefLayer make_reference(const LayerCase& c, const Mask& mask, uint64_t seed) {
     r.w0 = to_double(random_vector(size_t(s.out * s.in), seed + 10 * p, w));
     r.a = to_double(random_vector(size_t(s.rank * s.in), seed + 10 * p + 1, w));
     r.b = to_double(random_vector(size_t(s.out * s.rank), seed + 10 * p + 2, 0.3f));
+    if (s.bias) ref.bias[size_t(p)] = to_double(random_vector(size_t(s.out), seed + 10 * p + 3, 0.5f));
   }
   return ref;
 }
@@ -72,6 +83,8 @@ void load(LoraLayer& layer, const RefLayer& ref) {
     const RefProjection& r = ref.proj[size_t(p)];
     ShardedProjection& proj = layer.projection(p);
     proj.fill(ProjectionPart::w0, [&](int64_t i, int64_t j) { return float(r.w0[size_t(i * r.in + j)]); });
+    if (!ref.bias[size_t(p)].empty())
+      proj.fill(ProjectionPart::bias, [&](int64_t i, int64_t) { return float(ref.bias[size_t(p)][size_t(i)]); });
     if (r.rank == 0) continue;
     proj.fill(ProjectionPart::lora_a, [&](int64_t i, int64_t j) { return float(r.a[size_t(i * r.in + j)]); });
     proj.fill(ProjectionPart::lora_b, [&](int64_t i, int64_t j) { return float(r.b[size_t(i * r.rank + j)]); });
@@ -169,6 +182,30 @@ TEST_F(LoraLayerMpi, EveryLayoutScheduleAndMaskMatchesFp64) {
         c.layout = layout, c.schedule = schedule, c.mask = m;
         check_against_fp64(*comm, c, kFp32Tolerance);
       }
+}
+
+// RoPE with every row at its global position (or its offset in its document) on every layout,
+// in both pairings, whole and partial rotary, with biases on all four projections.
+TEST_F(LoraLayerMpi, RopeAndBiasesMatchFp64OnEveryLayout) {
+  for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped})
+    for (bool interleaved : {false, true})
+      for (int64_t dims : {0, 8}) {
+        LayerCase c;
+        c.layout = layout, c.mask = 1;
+        c.bias = {true, true, true, true};
+        c.rope.theta = 10000.0, c.rope.interleaved = interleaved, c.rope.dims = dims;
+        check_against_fp64(*comm, c, kFp32Tolerance);
+        c.mask = 5;  // causal over two packed documents: positions restart in the second
+        c.rope.per_document = true;
+        c.rope.theta = 500.0;
+        check_against_fp64(*comm, c, kFp32Tolerance);
+      }
+  LayerCase qwen;  // Qwen2: biases on q, k, v only, rope over the whole head, MQA, two LoRA targets
+  qwen.bias = {true, true, true, false};
+  qwen.lora = {true, false, true, false};
+  qwen.Hkv = 1, qwen.mask = 7, qwen.layout = LayoutKind::zigzag;
+  qwen.rope.theta = 1e6;
+  check_against_fp64(*comm, qwen, kFp32Tolerance);
 }
 
 TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {

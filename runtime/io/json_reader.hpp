@@ -1,5 +1,6 @@
-// Reading the small JSON files the launch commands take: benchmark results (`ringattn plan
-// --calibrate`) and cluster descriptions (`--cluster`). The writer is json.hpp.
+// Reading small JSON documents: the files the launch commands take (benchmark results of `ringattn plan
+// --calibrate`, `--cluster`), HF config.json and PEFT adapter_config.json, safetensors headers. The writer
+// is launch/json.hpp.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-#include "launch/json_reader.hpp"
+#include "runtime/io/json_reader.hpp"
 
 #include <cerrno>
 #include <cstdlib>
