@@ -307,7 +307,8 @@ int run_attention(LaunchContext& ctx) {
     CheckTensors t{q.data(), k.data(), v.data(), o, lse, dout.data(), dq, dk, dv};
     if (inputs_on_host && !test_fault.active())
       t.q = dq_in.as<float>(), t.k = dk_in.as<float>(), t.v = dv_in.as<float>(), t.dout = ddo_in.as<float>();
-    check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);
+    check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed,
+                               backend->same_precision(job.dims, job.dtype));
   }
   const bool check_failed = check && !check->passed();
 

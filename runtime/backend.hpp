@@ -57,6 +57,9 @@ class AttentionBackend {
   // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
   // its transfers with it on the device; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // How the kernels this backend runs round, for these shapes and this input type: the
+  // same-precision model the --check compares against (kernels/error_rule.hpp).
+  virtual kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 };

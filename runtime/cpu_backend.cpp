@@ -68,6 +68,9 @@ class CpuBackend final : public AttentionBackend {
                 const MaskView& mask, const std::function<void()>& progress) override {
     kernels::attention_backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, options(progress));
   }
+  kernels::SamePrecision same_precision(const kernels::AttentionDims&, DType dtype) const override {
+    return kernels::cpu_same_precision(dtype);
+  }
   void synchronize() override {}
 
  private:

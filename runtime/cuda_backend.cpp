@@ -172,6 +172,14 @@ class CudaBackend final : public AttentionBackend {
   }
 
  private:
+  kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const override {
+    // The tensor-core kernels round P and dS to the input type; the CUDA-core ones compute in fp32.
+    // Backend buffers are 256-byte aligned, so alignment never decides here: any aligned address will do.
+    alignas(16) static const char aligned[16] = {};
+    const std::string kernel =
+        kernels::cuda_kernel_name(dims, kernels::element_type(dtype), aligned, aligned, aligned, options());
+    return kernel == "tensor_core" ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
+  }
   kernels::CudaOptions options() const {
     kernels::CudaOptions o;
     o.stream = stream_;

@@ -246,6 +246,9 @@ class CountingBackend final : public AttentionBackend {
     inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
   }
   void synchronize() override { inner_->synchronize(); }
+  kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const override {
+    return inner_->same_precision(dims, dtype);
+  }
 
  private:
   std::unique_ptr<AttentionBackend> inner_;
