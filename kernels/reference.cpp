@@ -166,44 +166,4 @@ void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_
                        precision);
 }
 
-// ---- bf16 backward: the same-precision model of P and dS rounded to bf16 ----
-
-void naive_backward_bf16(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
-                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
-                         const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
-                         float* dv) {
-  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  auto round = [](float x) { return bf16_to_float(float_to_bf16(x)); };
-  std::vector<float> s(static_cast<size_t>(k_rows));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < q_rows; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const float l = lse[(b * H + h) * q_rows + i];
-        if (l == neg_inf) continue;
-        const int64_t kvh = h / group;
-        const float* qi = q + ((b * q_rows + i) * H + h) * D;
-        const float* doi = dout + ((b * q_rows + i) * H + h) * D;
-        float* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
-        const float di = delta[(b * H + h) * q_rows + i];
-        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, b, kvh, mask, s);
-        for (int64_t j = 0; j < k_rows; ++j) {
-          if (s[j] == neg_inf) continue;
-          const float p = std::exp(s[j] - l);
-          const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
-          const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
-          float dp = 0;
-          for (int64_t d = 0; d < D; ++d) dp += doi[d] * vj[d];
-          const float p16 = round(p), ds16 = round(p * (dp - di) * dims.scale);
-          float* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
-          float* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
-          for (int64_t d = 0; d < D; ++d) {
-            if (dqi) dqi[d] += ds16 * kj[d];
-            if (dkj) dkj[d] += ds16 * qi[d];
-            if (dvj) dvj[d] += p16 * doi[d];
-          }
-        }
-      }
-}
-
 }  // namespace ringattn::kernels

@@ -47,13 +47,4 @@ void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_
                          const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
                          float* dv, SamePrecision precision = SamePrecision::fp32);
 
-// The same-precision reference of bf16 backward kernels (FlashAttention-2's bf16 contract, kept
-// by the CPU kernels on AVX512-BF16 and by the tensor-core kernels): inputs already bf16-valued,
-// scores, dP and every sum in fp32, and P and dS rounded to bf16 (nearest even) before the
-// products dV = P^T dO, dK = dS^T Q and dQ = dS K. Arguments as naive_backward_fp32.
-void naive_backward_bf16(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
-                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
-                         const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
-                         float* dv);
-
 }  // namespace ringattn::kernels

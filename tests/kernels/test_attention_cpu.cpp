@@ -38,9 +38,10 @@ Outputs run_naive_fp32(const Problem& p, bool bf16_products = false) {
   r.dq.assign(p.q_elems(), 0.0f);
   r.dk.assign(p.k_elems(), 0.0f);
   r.dv.assign(p.k_elems(), 0.0f);
-  auto* backward = bf16_products ? &kernels::naive_backward_bf16 : &kernels::naive_backward_fp32;
-  backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(), p.rows_k(),
-           p.dout.data(), r.lse.data(), delta.data(), mask, r.dq.data(), r.dk.data(), r.dv.data());
+  kernels::naive_backward_fp32(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
+                               p.k_pos.data(), p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask,
+                               r.dq.data(), r.dk.data(), r.dv.data(),
+                               bf16_products ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32);
   return r;
 }
 
