@@ -144,12 +144,15 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
     add("emulate-latency", po::value(f.emulate_latency)->default_value(0.0)->value_name("US"),
         "MPI: add this latency to every transfer (microseconds)");
   if (f.iters)
-    add("iters", po::value(f.iters)->default_value(*f.iters)->value_name("N"), "timed repetitions (the median is reported)");
-  if (f.warmup) add("warmup", po::value(f.warmup)->default_value(*f.warmup)->value_name("N"), "untimed repetitions first");
+    add("iters", po::value(f.iters)->default_value(*f.iters)->value_name("N"),
+        "timed repetitions (the median is reported)");
+  if (f.warmup)
+    add("warmup", po::value(f.warmup)->default_value(*f.warmup)->value_name("N"), "untimed repetitions first");
 }
 
 void check_execution_options(const ExecutionOptions& v) {
-  if (v.threads < 0) throw UsageError("--threads " + std::to_string(v.threads) + ": must not be negative (0 = automatic)");
+  if (v.threads < 0)
+    throw UsageError("--threads " + std::to_string(v.threads) + ": must not be negative (0 = automatic)");
   if (!(v.timeout > 0) || !std::isfinite(v.timeout)) throw UsageError("--timeout must be a positive number of seconds");
   if (!(v.emulate_bandwidth >= 0) || !std::isfinite(v.emulate_bandwidth))
     throw UsageError("--emulate-bandwidth must be a positive number of GB/s (0 = off)");

@@ -198,7 +198,8 @@ int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>
   const PositionRun all_keys{0, seq_len, 1};
   int64_t pairs = 0;
   for (const PositionRun& run : queries)
-    for (int64_t t = 0; t < run.count; ++t) pairs += count_visible_keys(mask, run.start + t * run.stride, all_keys, seq_len);
+    for (int64_t t = 0; t < run.count; ++t)
+      pairs += count_visible_keys(mask, run.start + t * run.stride, all_keys, seq_len);
   return pairs;
 }
 
