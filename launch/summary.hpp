@@ -21,7 +21,7 @@ struct RunSummary {
   double forward_s = 0.0;                 // median over iterations of the slowest rank's time
   std::optional<double> backward_s;       // when a backward pass ran
   double flops_forward = 0.0;             // counted as SPEC.md says, all ranks
-  double gflops_per_rank = 0.0;           // flops_forward / forward_s / ranks (see rate_per_rank)
+  double gflops_per_rank = 0.0;           // forward rate (rate_per_rank; the layer counts its projections too)
   uint64_t comm_bytes_sent = 0, comm_bytes_needed = 0;  // forward K/V, summed over ranks
   double exposed_comm_fraction = 0.0;     // time waiting for data / forward time
   uint64_t peak_rss_bytes = 0;            // max over ranks
