@@ -4,25 +4,26 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
 
+#include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/attention_options.hpp"
+#include "launch/cpu_binding.hpp"
 #include "launch/execution.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
-#include "launch/json.hpp"
 #include "launch/mask_options.hpp"
 #include "runtime/io/npy_outputs.hpp"
 #include "launch/options_util.hpp"
+#include "launch/statistics.hpp"
+#include "launch/summary.hpp"
 #include "launch/test_hook.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
-#include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
@@ -80,13 +81,12 @@ class ProgressLine {
       : enabled_(enabled),
         tty_(isatty(STDERR_FILENO)),
         passes_(static_cast<int>(weights.size())),
-        weights_(std::move(weights)),
-        start_(std::chrono::steady_clock::now()) {
+        weights_(std::move(weights)) {
     for (double w : weights_) total_ += w;
   }
   void step(int pass, int done, int steps) {
     if (!enabled_) return;
-    const double elapsed = seconds_since(start_);
+    const double elapsed = clock_.seconds();
     const bool last = pass + 1 == passes_ && done == steps;
     if (!last && elapsed - shown_ < (tty_ ? 0.1 : 2.0)) return;
     shown_ = elapsed;
@@ -103,14 +103,11 @@ class ProgressLine {
   }
 
  private:
-  static double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  }
   bool enabled_, tty_;
   int passes_;
   std::vector<double> weights_;
   double total_ = 0.0;
-  std::chrono::steady_clock::time_point start_;
+  comm::Stopwatch clock_;  // from the start of the first pass
   double shown_ = -1e9;
 };
 
@@ -148,6 +145,7 @@ int run_attention(LaunchContext& ctx) {
                 << desc << "\n";
     return 0;
   }
+  report_thread_binding(comm, job.threads, job.opt.threads > 0, ctx);
 
   std::optional<ShardLayout> layout_storage;
   std::vector<int64_t> pos;
@@ -321,7 +319,7 @@ int run_attention(LaunchContext& ctx) {
   comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
   const double flops = 4.0 * double(B) * double(H) * double(D) * double(pairs);
   const double fwd_s = median_of(fwd_times), bwd_s = job.backward ? median_of(bwd_times) : 0.0;
-  const double gflops_rank = flops / fwd_s / P / 1e9;
+  const double gflops_rank = rate_per_rank(flops, fwd_s, P);
 
   if (!check_failed) {
     std::vector<OutputRows> files;
@@ -342,34 +340,22 @@ int run_attention(LaunchContext& ctx) {
   }
 
   if (rank == 0) {
-    Json j = Json::object();
-    j["ranks"] = P;
-    j["batch"] = B;
-    j["seq_len"] = job.seq_len;
-    j["heads"] = H;
-    j["kv_heads"] = Hkv;
-    j["head_dim"] = D;
-    j["mask"] = mask.describe();
-    j["layout"] = layout_name(job.layout);
-    j["schedule"] = schedule_name(job.schedule);
-    j["dtype"] = dtype_name(job.dtype);
-    j["backend"] = backend->name();
-    j["comm"] = job.execution.comm;
-    j["threads"] = job.threads;
+    RunSummary summary;
+    summary.ranks = P, summary.batch = B, summary.seq_len = job.seq_len, summary.heads = H, summary.kv_heads = Hkv;
+    summary.head_dim = D, summary.mask = mask.describe(), summary.layout = layout_name(job.layout);
+    summary.schedule = schedule_name(job.schedule), summary.dtype = dtype_name(job.dtype);
+    summary.backend = backend->name(), summary.comm = job.execution.comm, summary.threads = job.threads;
+    summary.forward_s = fwd_s, summary.flops_forward = flops, summary.gflops_per_rank = gflops_rank;
+    if (job.backward) summary.backward_s = bwd_s;
+    summary.comm_bytes_sent = bytes_sent, summary.comm_bytes_needed = needed;
+    summary.exposed_comm_fraction = wait_fraction_sum / job.opt.iters, summary.peak_rss_bytes = rss;
+    if (check) summary.max_abs_err = check->max_abs_err();
+    Json j = summary_json(summary);  // then what only the job reports
     if (job.execution.backend == "cpu") j["isa"] = kernels::cpu_isa();
     j["iters"] = job.opt.iters;
-    j["forward_s"] = fwd_s;
-    if (job.backward) j["backward_s"] = bwd_s;
-    j["flops_forward"] = flops;
-    j["gflops_per_rank"] = gflops_rank;
-    if (job.backward) j["gflops_per_rank_backward"] = 2.5 * flops / bwd_s / P / 1e9;
-    j["comm_bytes_sent"] = bytes_sent;
-    j["comm_bytes_needed"] = needed;
-    j["exposed_comm_fraction"] = wait_fraction_sum / job.opt.iters;
+    if (job.backward) j["gflops_per_rank_backward"] = rate_per_rank(2.5 * flops, bwd_s, P);
     j["exposed_comm_fraction_max"] = wait_fraction_max;
-    j["peak_rss_bytes"] = rss;
     if (check) {
-      j["max_abs_err"] = check->max_abs_err();
       j["check_passed"] = check->passed();
       j["check_rows"] = check->samples;
     }
@@ -397,7 +383,7 @@ int run_attention(LaunchContext& ctx) {
                 flops / 1e9, gflops_rank);
     if (job.backward)
       std::printf("  backward  %.4f s  (median of %d)  %.3g GFLOP  %.1f GFLOP/s per rank\n", bwd_s, job.opt.iters,
-                  2.5 * flops / 1e9, 2.5 * flops / bwd_s / P / 1e9);
+                  2.5 * flops / 1e9, rate_per_rank(2.5 * flops, bwd_s, P));
     std::printf("  comm      forward K/V sent %s, needed %s", human_bytes(double(bytes_sent)).c_str(),
                 human_bytes(double(needed)).c_str());
     if (needed > 0) std::printf(" (%.2fx)", double(bytes_sent) / double(needed));

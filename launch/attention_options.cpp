@@ -43,11 +43,8 @@ po::options_description describe_attention_options(Options& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
-  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, &o.backend, &o.comm, &o.threads, &o.timeout,
-                         &o.emulate_bandwidth, &o.emulate_latency});
+  add_ring_options(run, o.fields());
   run.add_options()
-      ("iters", po::value(&o.iters)->default_value(1)->value_name("N"), "timed repetitions (the median is reported)")
-      ("warmup", po::value(&o.warmup)->default_value(0)->value_name("N"), "untimed repetitions first")
       ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 when they differ)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows sampled by --check")
       ("check-finite", po::bool_switch(&o.check_finite), "refuse NaN/Inf inputs (default for file inputs)")
@@ -200,16 +197,9 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
   job.backward = o.backward || !o.dout.empty();
   if (!job.backward && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty()))
     throw UsageError("--dq/--dk/--dv are gradients: they need --backward or --dout");
-  if (o.iters < 1) throw UsageError("--iters " + std::to_string(o.iters) + ": must be at least 1");
-  if (o.warmup < 0) throw UsageError("--warmup " + std::to_string(o.warmup) + ": must not be negative");
-  if (o.threads < 0) throw UsageError("--threads " + std::to_string(o.threads) + ": must not be negative (0 = automatic)");
-  if (!(o.timeout > 0) || !std::isfinite(o.timeout)) throw UsageError("--timeout must be a positive number of seconds");
+  check_execution_options(o);
   if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   if (!(o.scale >= 0) || !std::isfinite(o.scale)) throw UsageError("--scale must be a positive number (or 0 for 1/sqrt(D))");
-  if (!(o.emulate_bandwidth >= 0) || !std::isfinite(o.emulate_bandwidth))
-    throw UsageError("--emulate-bandwidth must be a positive number of GB/s (0 = off)");
-  if (!(o.emulate_latency >= 0) || !std::isfinite(o.emulate_latency))
-    throw UsageError("--emulate-latency must be a positive number of microseconds (0 = off)");
   if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
   refuse_unused_options(o, vm, job.files, job.backward);
   refuse_unwritable_outputs({{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv},

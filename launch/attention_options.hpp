@@ -12,6 +12,7 @@
 #include "launch/context.hpp"
 #include "launch/execution.hpp"
 #include "launch/mask_options.hpp"
+#include "launch/options_util.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/ring_plan.hpp"
@@ -19,7 +20,7 @@
 
 namespace ringattn {
 
-struct Options {
+struct Options : ExecutionOptions {
   std::string q, k, v, dout;
   std::string out, lse, dq, dk, dv;
   int64_t seq_len = 8192, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
@@ -27,15 +28,11 @@ struct Options {
   double scale = 0.0;
   bool backward = false;
   MaskOptions mask;
-  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
-  int threads = 0, iters = 1, warmup = 0;
   bool check = false;
   int check_rows = 16;
   bool check_finite = false, no_check_finite = false;
   std::string json;
-  double timeout = 300.0;
   bool progress = false;
-  double emulate_bandwidth = 0.0, emulate_latency = 0.0;
 };
 
 // Every option, with its default, bound to `o`.

@@ -14,11 +14,15 @@ struct LaunchContext {
   comm::Communicator& world;
   int local_rank = 0;   // among the ranks on this node
   int local_ranks = 1;  // ranks on this node
-  int hardware_threads = 1;
+  int hardware_threads = 1;  // the node's
+  int affinity_cpus = 1;     // those this rank may run on (launch/cpu_binding.hpp)
   std::vector<std::string> args;  // the subcommand's arguments (without the program and subcommand names)
 
-  // Default --threads: the node's hardware threads shared among its ranks.
-  int default_threads() const { return std::max(1, hardware_threads / std::max(1, local_ranks)); }
+  // Default --threads: the cores this rank may run on, at most the node's hardware threads shared
+  // among its ranks (unbound ranks share the node; a rank bound to fewer cores gets those).
+  int default_threads() const {
+    return std::max(1, std::min(affinity_cpus, hardware_threads / std::max(1, local_ranks)));
+  }
 };
 
 // Writes text to path atomically (temporary file, then rename); throws UsageError/RuntimeFault naming `label`.

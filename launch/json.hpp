@@ -42,6 +42,7 @@ class Json {
     return members_.back().second;
   }
   void push_back(Json v) { items_.push_back(std::move(v)); }
+  bool is_null() const { return kind_ == Kind::null; }
   bool contains(const std::string& key) const {
     for (const auto& [k, v] : members_)
       if (k == key) return true;
@@ -79,8 +80,6 @@ class Json {
   }
 
   void write(std::string& out, int indent, int depth) const {
-    const std::string pad(static_cast<size_t>(indent * (depth + 1)), ' ');
-    const std::string close_pad(static_cast<size_t>(indent * depth), ' ');
     switch (kind_) {
       case Kind::null: out += "null"; break;
       case Kind::boolean: out += b_ ? "true" : "false"; break;
@@ -96,37 +95,36 @@ class Json {
         break;
       }
       case Kind::string: escape(out, s_); break;
-      case Kind::object: {
-        if (members_.empty()) {
-          out += "{}";
-          break;
-        }
-        out += "{\n";
-        for (size_t i = 0; i < members_.size(); ++i) {
-          out += pad;
+      case Kind::object: write_items(out, indent, depth, '{', '}', members_.size(), [&](size_t i) {
           escape(out, members_[i].first);
           out += ": ";
           members_[i].second.write(out, indent, depth + 1);
-          out += i + 1 < members_.size() ? ",\n" : "\n";
-        }
-        out += close_pad + "}";
+        });
         break;
-      }
-      case Kind::array: {
-        if (items_.empty()) {
-          out += "[]";
-          break;
-        }
-        out += "[\n";
-        for (size_t i = 0; i < items_.size(); ++i) {
-          out += pad;
+      case Kind::array: write_items(out, indent, depth, '[', ']', items_.size(), [&](size_t i) {
           items_[i].write(out, indent, depth + 1);
-          out += i + 1 < items_.size() ? ",\n" : "\n";
-        }
-        out += close_pad + "]";
+        });
         break;
-      }
     }
+  }
+
+  // An object's members or an array's items, one per line, indented a level deeper.
+  template <class WriteItem>
+  static void write_items(std::string& out, int indent, int depth, char open, char close, size_t count,
+                          WriteItem&& write_item) {
+    out += open;
+    if (count == 0) {
+      out += close;
+      return;
+    }
+    out += '\n';
+    for (size_t i = 0; i < count; ++i) {
+      out.append(static_cast<size_t>(indent * (depth + 1)), ' ');
+      write_item(i);
+      out += i + 1 < count ? ",\n" : "\n";
+    }
+    out.append(static_cast<size_t>(indent * depth), ' ');
+    out += close;
   }
 
   Kind kind_;

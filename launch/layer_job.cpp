@@ -11,12 +11,13 @@
 
 #include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
+#include "launch/cpu_binding.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
-#include "launch/json.hpp"
 #include "launch/layer_outputs.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
+#include "launch/summary.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/lora/demo.hpp"
 #include "runtime/lora/layer.hpp"
@@ -34,7 +35,7 @@ constexpr int kDemoSteps = 60;
 constexpr double kDemoLr = 2e-2;
 constexpr int64_t kDemoRank = 4;
 
-struct Options {
+struct Options : ExecutionOptions {
   std::string weights_prefix, adapter, save_adapter, config;
   std::string x, weights, out, dy, grads, merge_out, save_lora, target, json;
   int64_t heads = 8, kv_heads = 0, lora_rank = 0;
@@ -51,9 +52,6 @@ struct Options {
   int64_t seq_len = 1024, batch = 1, d_model = 128;
   double demo_change = 0.5;
   MaskOptions mask;
-  std::string layout, schedule = "direct", dtype = "fp32";
-  int threads = 0;
-  double timeout = 300.0;
 };
 
 // One option per line, as --help lists them.
@@ -128,7 +126,11 @@ po::options_description describe(Options& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
-  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, nullptr, nullptr, &o.threads, &o.timeout});
+  RingOptionFields fields = o.fields();  // the layer runs on the CPU, over MPI, untimed
+  fields.backend = fields.comm = nullptr;
+  fields.emulate_bandwidth = fields.emulate_latency = nullptr;
+  fields.iters = fields.warmup = nullptr;
+  add_ring_options(run, fields);
   run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
@@ -280,8 +282,7 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
   if (!(job.opt.lr > 0) || !std::isfinite(job.opt.lr)) throw UsageError("--lr must be a positive number");
   job.optimizer.kind = parse_optimizer(o.optimizer);
   job.optimizer.lr = job.opt.lr;
-  if (o.threads < 0) throw UsageError("--threads must not be negative");
-  if (o.timeout <= 0) throw UsageError("--timeout must be positive");
+  check_execution_options(o);
   c.dtype = parse_dtype_option(o.dtype);
   c.schedule = parse_schedule(o.schedule);
   c.threads = o.threads ? o.threads : ctx.default_threads();
@@ -332,6 +333,7 @@ int run_layer(LaunchContext& ctx) {
                 << desc << "\n";
     return 0;
   }
+  report_thread_binding(comm, job.config.threads, job.opt.threads > 0, ctx);
   const Options& o = job.opt;
   const LayerConfig& c = job.config;
   const ShardLayout layout(job.layout, c.seq_len, P);
@@ -497,36 +499,25 @@ int run_layer(LaunchContext& ctx) {
   std::printf("  memory    peak %s per rank (max)\n", human_bytes(rss).c_str());
   std::fflush(stdout);
   if (o.json.empty()) return kExitOk;
-  Json j = Json::object();
-  j["ranks"] = P;
-  j["batch"] = c.batch;
-  j["seq_len"] = c.seq_len;
+  RunSummary summary;
+  summary.ranks = P, summary.batch = c.batch, summary.seq_len = c.seq_len, summary.heads = c.heads;
+  summary.kv_heads = c.kv_heads, summary.head_dim = c.head_dim(), summary.mask = mask.describe();
+  summary.layout = layout_name(job.layout), summary.schedule = schedule_name(c.schedule);
+  summary.dtype = dtype_name(c.dtype), summary.backend = "cpu", summary.comm = comm.name();
+  summary.threads = c.threads, summary.forward_s = fwd_s, summary.flops_forward = flops;
+  if (ran_backward) summary.backward_s = bwd_s;
+  summary.gflops_per_rank = rate_per_rank(flops + proj_flops, fwd_s, P);  // the whole layer's work
+  summary.comm_bytes_sent = kv_sent, summary.comm_bytes_needed = kv_needed;
+  summary.exposed_comm_fraction = exposed / P, summary.peak_rss_bytes = uint64_t(rss);
+  Json j = summary_json(summary);  // then what only the layer reports
   j["d_model"] = c.d_model;
-  j["heads"] = c.heads;
-  j["kv_heads"] = c.kv_heads;
-  j["head_dim"] = c.head_dim();
   j["lora_rank"] = c.lora_rank;
   j["lora_alpha"] = c.lora_alpha;
-  j["mask"] = mask.describe();
-  j["layout"] = layout_name(job.layout);
-  j["schedule"] = schedule_name(c.schedule);
-  j["dtype"] = dtype_name(c.dtype);
-  j["backend"] = "cpu";
-  j["comm"] = comm.name();
-  j["threads"] = c.threads;
-  j["forward_s"] = fwd_s;
-  if (ran_backward) j["backward_s"] = bwd_s;
-  j["flops_forward"] = flops;
   j["projection_flops_forward"] = proj_flops;
-  j["gflops_per_rank"] = fwd_s > 0 ? (flops + proj_flops) / fwd_s / P / 1e9 : 0.0;
-  j["comm_bytes_sent"] = kv_sent;
-  j["comm_bytes_needed"] = kv_needed;
-  j["exposed_comm_fraction"] = exposed / P;
   j["gather_wait_s"] = gather_wait;
   j["parameter_bytes"] = double(layer->full_parameter_bytes());
   j["parameter_bytes_per_rank"] = shard;
   j["peak_gathered_bytes"] = gathered;
-  j["peak_rss_bytes"] = rss;
   if (!losses.empty()) {
     j["steps"] = int(losses.size());
     j["optimizer"] = optimizer_name(job.optimizer.kind);

@@ -27,6 +27,7 @@
 #include "launch/attention_job.hpp"
 #include "launch/bench/bench.hpp"
 #include "launch/context.hpp"
+#include "launch/cpu_binding.hpp"
 #include "launch/job_control.hpp"
 #include "launch/layer_job.hpp"
 #include "launch/options_util.hpp"
@@ -131,11 +132,12 @@ int main(int argc, char** argv) {
 
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  LaunchContext ctx{*world, 0, 1, 1, {}};
+  LaunchContext ctx{*world, 0, 1, 1, 1, {}};
   MPI_Comm_rank(node, &ctx.local_rank);
   MPI_Comm_size(node, &ctx.local_ranks);
   MPI_Comm_free(&node);
   ctx.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ctx.affinity_cpus = ringattn::cpus_in_affinity(ctx.hardware_threads);
 
   std::string command = "attention";
   int first = 1;

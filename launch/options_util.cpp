@@ -1,6 +1,7 @@
 #include "launch/options_util.hpp"
 
 #include <boost/any.hpp>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <sstream>
@@ -132,7 +133,7 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
         "default: nccl with the cuda backend when every rank of a node has its own GPU, else mpi");
   if (f.threads)
     add("threads", po::value(f.threads)->default_value(0)->value_name("N"),
-        "CPU threads per rank (0 = the node's cores shared among its ranks)");
+        "CPU threads per rank (0 = the cores this rank may run on, at most the node's shared among its ranks)");
   if (f.timeout)
     add("timeout", po::value(f.timeout)->default_value(300.0)->value_name("SECONDS"),
         "end the job (exit 4) when a rank waits longer than this for a peer");
@@ -142,6 +143,23 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
   if (f.emulate_latency)
     add("emulate-latency", po::value(f.emulate_latency)->default_value(0.0)->value_name("US"),
         "MPI: add this latency to every transfer (microseconds)");
+  if (f.iters)
+    add("iters", po::value(f.iters)->default_value(*f.iters)->value_name("N"),
+        "timed repetitions (the median is reported)");
+  if (f.warmup)
+    add("warmup", po::value(f.warmup)->default_value(*f.warmup)->value_name("N"), "untimed repetitions first");
+}
+
+void check_execution_options(const ExecutionOptions& v) {
+  if (v.threads < 0)
+    throw UsageError("--threads " + std::to_string(v.threads) + ": must not be negative (0 = automatic)");
+  if (!(v.timeout > 0) || !std::isfinite(v.timeout)) throw UsageError("--timeout must be a positive number of seconds");
+  if (!(v.emulate_bandwidth >= 0) || !std::isfinite(v.emulate_bandwidth))
+    throw UsageError("--emulate-bandwidth must be a positive number of GB/s (0 = off)");
+  if (!(v.emulate_latency >= 0) || !std::isfinite(v.emulate_latency))
+    throw UsageError("--emulate-latency must be a positive number of microseconds (0 = off)");
+  if (v.iters < 1) throw UsageError("--iters " + std::to_string(v.iters) + ": must be at least 1");
+  if (v.warmup < 0) throw UsageError("--warmup " + std::to_string(v.warmup) + ": must not be negative");
 }
 
 }  // namespace ringattn

@@ -57,12 +57,33 @@ struct RingOptionFields {
   double* timeout = nullptr;
   double* emulate_bandwidth = nullptr;
   double* emulate_latency = nullptr;
+  int* iters = nullptr;   // timed repetitions; the default is the value it holds
+  int* warmup = nullptr;  // untimed repetitions first; likewise
 };
 
-// --layout, --schedule, --dtype, --backend, --comm, --threads, --timeout and the link emulation
-// (--emulate-bandwidth, --emulate-latency), declared once for
-// every subcommand that runs the ring, with the same defaults and help.
+// --layout, --schedule, --dtype, --backend, --comm, --threads, --timeout, the link emulation
+// (--emulate-bandwidth, --emulate-latency), --iters and --warmup, declared once for every
+// subcommand that runs the ring, with the same defaults and help.
 void add_ring_options(boost::program_options::options_description& desc, const RingOptionFields& f);
+
+// The values of those options, with their defaults: the options of every subcommand that runs the
+// ring derive from it (a subcommand may change the defaults of --iters and --warmup).
+struct ExecutionOptions {
+  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
+  int threads = 0;
+  double timeout = 300.0, emulate_bandwidth = 0.0, emulate_latency = 0.0;
+  int iters = 1, warmup = 0;
+
+  // Every one of them, for add_ring_options (a subcommand without some sets those to null).
+  RingOptionFields fields() {
+    return {&layout, &schedule, &dtype, &backend, &comm, &threads, &timeout, &emulate_bandwidth, &emulate_latency,
+            &iters, &warmup};
+  }
+};
+
+// Checks them alike for every subcommand; throws UsageError naming the option. (The options a
+// subcommand lacks hold their defaults, which pass.)
+void check_execution_options(const ExecutionOptions& o);
 
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {

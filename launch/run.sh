@@ -7,6 +7,13 @@ launch/setup.sh
 launch/build.sh
 source launch/env.sh
 ranks=${RINGATTN_RANKS:-2}
-extra=()
-[ "$(nproc)" -lt "$ranks" ] && extra+=(--oversubscribe)
-exec mpirun -np "$ranks" "${extra[@]}" build/ringattn "$@"
+# Each rank on cores of its own, a thread on each of their CPUs (README "Threads and binding");
+# PE counts physical cores. With fewer cores than ranks, the ranks share them unbound.
+cores=$(lscpu -p=CORE,SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)
+[ "$cores" -ge 1 ] && [ "$cores" -le "$(nproc)" ] || cores=$(nproc)
+if [ "$cores" -ge "$ranks" ]; then
+  mapping=(--map-by "slot:PE=$((cores / ranks))" --bind-to core)
+else
+  mapping=(--oversubscribe --bind-to none)
+fi
+exec mpirun -np "$ranks" "${mapping[@]}" build/ringattn "$@"

@@ -166,26 +166,40 @@ RingPlan::RingPlan(const ShardLayout& layout, const MaskView& mask, Schedule sch
   }
 }
 
+namespace {
+
+// How many positions of the run lie in [lo, hi].
+int64_t count_within(const PositionRun& run, int64_t lo, int64_t hi) {
+  if (run.count == 0 || hi < lo || hi < run.start) return 0;
+  const int64_t stride = run.count > 1 ? run.stride : 1;
+  const int64_t first = lo <= run.start ? 0 : (lo - run.start + stride - 1) / stride;
+  const int64_t last = std::min(run.count - 1, (hi - run.start) / stride);
+  return std::max<int64_t>(0, last - first + 1);
+}
+
+}  // namespace
+
+int64_t count_visible_keys(const MaskView& mask, int64_t i, const PositionRun& keys, int64_t seq_len) {
+  PosRange r = key_range(mask, i);
+  r.lo = std::max<int64_t>(r.lo, 0);
+  r.hi = std::min<int64_t>(r.hi, seq_len - 1);
+  if (r.empty()) return 0;
+  if (!mask.has_block_mask()) return count_within(keys, r.lo, r.hi);
+  // Within the nonzero block columns of the query's block row (Mask::view() attaches this index).
+  const int64_t n = mask.mask_block, br = i / n;
+  int64_t seen = 0;
+  for (int64_t k = mask.row_run_ptr[br]; k < mask.row_run_ptr[br + 1]; ++k)
+    seen += count_within(keys, std::max(r.lo, int64_t{mask.row_runs[2 * k]} * n),
+                         std::min(r.hi, int64_t{mask.row_runs[2 * k + 1]} * n - 1));
+  return seen;
+}
+
 int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len) {
+  const PositionRun all_keys{0, seq_len, 1};
   int64_t pairs = 0;
   for (const PositionRun& run : queries)
-    for (int64_t t = 0; t < run.count; ++t) {
-      const int64_t i = run.start + t * run.stride;
-      PosRange r = key_range(mask, i);
-      r.lo = std::max<int64_t>(r.lo, 0);
-      r.hi = std::min<int64_t>(r.hi, seq_len - 1);
-      if (r.empty()) continue;
-      if (!mask.has_block_mask()) {
-        pairs += r.hi - r.lo + 1;
-        continue;
-      }
-      const int64_t n = mask.mask_block, br = i / n;
-      for (int64_t k = mask.row_run_ptr[br]; k < mask.row_run_ptr[br + 1]; ++k) {
-        const int64_t lo = std::max(r.lo, int64_t{mask.row_runs[2 * k]} * n);
-        const int64_t hi = std::min(r.hi, int64_t{mask.row_runs[2 * k + 1]} * n - 1);
-        if (lo <= hi) pairs += hi - lo + 1;
-      }
-    }
+    for (int64_t t = 0; t < run.count; ++t)
+      pairs += count_visible_keys(mask, run.start + t * run.stride, all_keys, seq_len);
   return pairs;
 }
 

@@ -45,6 +45,11 @@ std::vector<RowRange> rows_within(const std::vector<PositionRun>& shard, const s
 // the work attention must do, and what FLOP counts are made of (SPEC.md "Counting FLOPs").
 int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len);
 
+// Number of the keys at the positions of `keys` (within [0, seq_len)) that query i sees: the
+// count above one query at a time, for any run of keys (the cluster model counts the pairs between
+// two ranks' shards). With a block mask the view must carry its BlockMaskIndex (Mask::view()).
+int64_t count_visible_keys(const MaskView& mask, int64_t i, const PositionRun& keys, int64_t seq_len);
+
 // What one rank does at one step of the ring.
 struct RingStep {
   int step = 0;

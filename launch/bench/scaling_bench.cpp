@@ -12,12 +12,14 @@
 #include <memory>
 
 #include "kernels/cpu/attention_cpu.hpp"
+#include "launch/cpu_binding.hpp"
 #include "launch/job_control.hpp"
 #include "launch/execution.hpp"
 #include "launch/job_util.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
 #include "launch/bench/scaling_report.hpp"
+#include "launch/statistics.hpp"
 #include "runtime/check.hpp"
 #include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
@@ -29,16 +31,15 @@ namespace po = boost::program_options;
 namespace ringattn {
 namespace {
 
-struct BenchOptions {
+struct BenchOptions : ExecutionOptions {
+  BenchOptions() { iters = 3, warmup = 1; }  // a median and a p95 per point, after a warm-up
   std::string mode = "strong", ranks;
   int64_t seq_len = 4096, tokens_per_rank = 2048, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
   uint64_t seed = 0;
   MaskOptions mask;
-  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
-  int threads = 0, iters = 3, warmup = 1, check_rows = 16;
+  int check_rows = 16;
   bool forward_only = false, no_check = false;
   std::string json, csv;
-  double timeout = 300.0, emulate_bandwidth = 0.0, emulate_latency = 0.0;
 };
 
 po::options_description describe(BenchOptions& o) {
@@ -61,11 +62,8 @@ po::options_description describe(BenchOptions& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
-  add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, &o.backend, &o.comm, &o.threads, &o.timeout,
-                         &o.emulate_bandwidth, &o.emulate_latency});
+  add_ring_options(run, o.fields());
   run.add_options()
-      ("iters", po::value(&o.iters)->default_value(3)->value_name("N"), "timed iterations per point (median, p95)")
-      ("warmup", po::value(&o.warmup)->default_value(1)->value_name("N"), "untimed iterations first")
       ("forward-only", po::bool_switch(&o.forward_only), "time the forward pass only (default: forward and backward)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows checked against fp64 per point")
       ("no-check", po::bool_switch(&o.no_check), "skip the per-point check")
@@ -120,14 +118,10 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   b.execution = choose_execution(o.backend, o.comm, o.head_dim, ctx);
   if (b.execution.backend == "cpu" && !kernels::cpu_supports_head_dim(o.head_dim))
     throw UsageError("--head-dim " + std::to_string(o.head_dim) + " is not supported: use a multiple of 16 up to 512");
-  if (o.iters < 1 || o.warmup < 0 || o.threads < 0 || o.check_rows < 1 || o.timeout <= 0)
-    throw UsageError("--iters, --check-rows and --timeout must be positive; --warmup and --threads not negative");
-  if (o.emulate_bandwidth < 0 || o.emulate_latency < 0)
-    throw UsageError("--emulate-bandwidth and --emulate-latency must not be negative");
-  if (o.dtype == "fp32") b.dtype = DType::f32;
-  else if (o.dtype == "bf16") b.dtype = DType::bf16;
-  else throw UsageError("--dtype " + o.dtype + ": expected fp32 or bf16");
-  b.layout = o.layout.empty() ? (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous) : parse_layout(o.layout);
+  check_execution_options(o);
+  if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
+  b.dtype = parse_dtype_option(o.dtype);
+  b.layout = layout_option(o.layout, o.mask.causal);
   b.schedule = parse_schedule(o.schedule);
   b.backward = !o.forward_only;
   b.check = !o.no_check;
@@ -310,6 +304,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
                 << desc << "\n";
     return 0;
   }
+  report_thread_binding(world, b.threads, b.opt.threads > 0, ctx);
 
   ScalingSetup setup;
   setup.weak = b.weak, setup.backward = b.backward, setup.ranks = b.ranks;

@@ -2,51 +2,42 @@
 
 #include <cstdio>
 
+#include "launch/summary.hpp"
+
 namespace ringattn {
 
 namespace {
 
-// Every field of a point, in the order of the JSON and CSV: SPEC.md's attention keys first.
+// Every field of a point, in the order of the JSON and CSV: SPEC.md's summary first.
 template <class Visit>
 void point_fields(const ScalingPoint& p, const ScalingSetup& s, Visit&& visit) {
-  const double P = p.ranks;
-  visit("ranks", Json(p.ranks));
-  visit("batch", Json(s.batch));
-  visit("seq_len", Json(p.seq_len));
-  visit("heads", Json(s.heads));
-  visit("kv_heads", Json(s.kv_heads));
-  visit("head_dim", Json(s.head_dim));
-  visit("mask", Json(s.mask));
-  visit("layout", Json(s.layout));
-  visit("schedule", Json(s.schedule));
-  visit("dtype", Json(s.dtype));
-  visit("backend", Json(s.backend));
-  visit("comm", Json(s.comm));
-  visit("threads", Json(s.threads));
-  visit("forward_s", Json(p.forward_s));
-  visit("backward_s", s.backward ? Json(p.backward_s) : Json());
-  visit("flops_forward", Json(p.flops_forward));
-  visit("gflops_per_rank", Json(p.forward_s > 0 ? p.flops_forward / p.forward_s / P / 1e9 : 0.0));
-  visit("comm_bytes_sent", Json(p.bytes_sent));
-  visit("comm_bytes_needed", Json(p.bytes_needed));
-  visit("exposed_comm_fraction", Json(p.exposed_forward));
-  visit("peak_rss_bytes", Json(p.peak_rss));
-  visit("max_abs_err", p.checked ? Json(p.max_abs_err) : Json());
+  RunSummary r;
+  r.ranks = p.ranks, r.batch = s.batch, r.seq_len = p.seq_len, r.heads = s.heads, r.kv_heads = s.kv_heads;
+  r.head_dim = s.head_dim, r.mask = s.mask, r.layout = s.layout, r.schedule = s.schedule, r.dtype = s.dtype;
+  r.backend = s.backend, r.comm = s.comm, r.threads = s.threads;
+  r.forward_s = p.forward_s, r.flops_forward = p.flops_forward;
+  r.gflops_per_rank = rate_per_rank(p.flops_forward, p.forward_s, p.ranks);
+  if (s.backward) r.backward_s = p.backward_s;
+  r.comm_bytes_sent = p.bytes_sent, r.comm_bytes_needed = p.bytes_needed;
+  r.exposed_comm_fraction = p.exposed_forward, r.peak_rss_bytes = p.peak_rss;
+  if (p.checked) r.max_abs_err = p.max_abs_err;
+  visit_summary(r, visit);
   visit("efficiency", Json(p.efficiency));
   visit("tokens_per_rank", Json(p.seq_len / p.ranks));
   visit("forward_p95_s", Json(p.forward_p95_s));
   visit("forward_mean_s", Json(p.forward_mean_s));
   visit("forward_compute_s", Json(p.forward_compute_s));
   visit("forward_wait_s", Json(p.forward_wait_s));
-  visit("backward_p95_s", s.backward ? Json(p.backward_p95_s) : Json());
-  visit("backward_mean_s", s.backward ? Json(p.backward_mean_s) : Json());
-  visit("backward_compute_s", s.backward ? Json(p.backward_compute_s) : Json());
-  visit("backward_wait_s", s.backward ? Json(p.backward_wait_s) : Json());
-  visit("exposed_comm_fraction_backward", s.backward ? Json(p.exposed_backward) : Json());
+  const auto backward = [&](double value) { return s.backward ? Json(value) : Json(); };
+  visit("backward_p95_s", backward(p.backward_p95_s));
+  visit("backward_mean_s", backward(p.backward_mean_s));
+  visit("backward_compute_s", backward(p.backward_compute_s));
+  visit("backward_wait_s", backward(p.backward_wait_s));
+  visit("exposed_comm_fraction_backward", backward(p.exposed_backward));
   visit("gflops_per_rank_backward",
-        s.backward && p.backward_s > 0 ? Json(2.5 * p.flops_forward / p.backward_s / P / 1e9) : Json());
+        p.backward_s > 0 ? backward(rate_per_rank(2.5 * p.flops_forward, p.backward_s, p.ranks)) : Json());
   visit("efficiency_forward", Json(p.efficiency_forward));
-  visit("efficiency_backward", s.backward ? Json(p.efficiency_backward) : Json());
+  visit("efficiency_backward", backward(p.efficiency_backward));
   visit("check_passed", p.checked ? Json(p.check_passed) : Json());
   visit("wrong", Json(p.wrong));
   visit("emulate_bandwidth_gbps", Json(s.emulate_bandwidth));

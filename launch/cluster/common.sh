@@ -7,6 +7,14 @@ ranks_within_node() {
   echo "$list$per_node"
 }
 
+# This node's physical cores (what mpirun's --map-by ...:PE=N counts), at most the CPUs this
+# process may use.
+physical_cores() {
+  local cores
+  cores=$(lscpu -p=CORE,SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)
+  if [ "$cores" -ge 1 ] && [ "$cores" -le "$(nproc)" ]; then echo "$cores"; else nproc; fi
+}
+
 # OpenMP threads bound to the rank's own cores (the launcher binds the rank to them).
 export_thread_binding() {
   local threads=$1

@@ -10,7 +10,8 @@
 # HOSTFILE: one host per line (the first word of each line; '#' lines skipped). Extra arguments
 # go to `ringattn bench`. NCCL_*, RINGATTN_*, OMP_*, UCX_* and CUDA_* variables set when this
 # runs reach every rank. RINGATTN (the executable, default build/ringattn, the same path on
-# every node), CPUS_PER_RANK (default: this node's cores / GPUS_PER_NODE), MPIRUN_ARGS (more
+# every node), CPUS_PER_RANK (default: this node's physical cores / GPUS_PER_NODE; each rank
+# runs that many threads, README "Threads and binding"), MPIRUN_ARGS (more
 # mpirun options, e.g. "--mca btl_tcp_if_include ib0").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +23,8 @@ per_node=${GPUS_PER_NODE:-8}
 node_counts=${NODES:-"1 2 4 8"}
 out=${OUT:-sweep}
 exe=${RINGATTN:-$root/build/ringattn}
-cpus=${CPUS_PER_RANK:-$(( $(nproc) / per_node > 0 ? $(nproc) / per_node : 1 ))}
+cores=$(physical_cores)
+cpus=${CPUS_PER_RANK:-$(( cores / per_node > 0 ? cores / per_node : 1 ))}
 mapfile -t hosts < <(grep -vE '^[[:space:]]*(#|$)' "$HOSTFILE" | awk '{print $1}')
 export_thread_binding "$cpus"
 mapfile -t pass < <(passthrough_args)

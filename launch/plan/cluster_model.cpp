@@ -8,18 +8,7 @@
 
 namespace ringattn {
 
-// ---- Measurement arithmetic ----
-
-double median_of(std::vector<double> values) { return percentile_of(std::move(values), 50.0); }
-
-double percentile_of(std::vector<double> values, double p) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const double at = std::clamp(p, 0.0, 100.0) / 100.0 * double(values.size() - 1);
-  const size_t lo = static_cast<size_t>(at);
-  const size_t hi = std::min(lo + 1, values.size() - 1);
-  return values[lo] + (at - double(lo)) * (values[hi] - values[lo]);
-}
+// ---- Scaling efficiency ----
 
 double scaling_efficiency(const ScalingSample& point, const ScalingSample& base) {
   if (point.seconds <= 0 || base.seconds <= 0 || base.flops <= 0 || point.ranks < 1 || base.ranks < 1) return 0.0;
@@ -92,22 +81,10 @@ int128 run_pairs(const MaskView& m, const PositionRun& q, const PositionRun& k) 
   return upto;
 }
 
-int64_t keys_in(const PositionRun& k, int64_t lo, int64_t hi) { return restrict_run(k, lo, hi).count; }
-
-// One pass over the queries, for block masks (the view must carry the BlockMaskIndex).
+// One pass over the queries, for block masks.
 int64_t block_mask_pairs(const MaskView& m, const PositionRun& q, const PositionRun& k, int64_t seq_len) {
   int64_t pairs = 0;
-  for (int64_t u = 0; u < q.count; ++u) {
-    const int64_t i = q.start + u * q.stride;
-    PosRange r = key_range(m, i);
-    r.lo = std::max<int64_t>(r.lo, 0);
-    r.hi = std::min<int64_t>(r.hi, seq_len - 1);
-    if (r.empty()) continue;
-    // Nonzero block columns of the query's block row (Mask::view() attaches this index).
-    const int64_t n = m.mask_block, br = i / n;
-    for (int64_t j = m.row_run_ptr[br]; j < m.row_run_ptr[br + 1]; ++j)
-      pairs += keys_in(k, std::max(r.lo, m.row_runs[2 * j] * n), std::min(r.hi, m.row_runs[2 * j + 1] * n - 1));
-  }
+  for (int64_t u = 0; u < q.count; ++u) pairs += count_visible_keys(m, q.start + u * q.stride, k, seq_len);
   return pairs;
 }
 

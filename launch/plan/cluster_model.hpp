@@ -35,11 +35,7 @@
 
 namespace ringattn {
 
-// ---- Measurement arithmetic (the benchmark's columns) ----
-
-double median_of(std::vector<double> values);
-// The p-th percentile (0..100), linear between order statistics (numpy's default).
-double percentile_of(std::vector<double> values, double p);
+// ---- Scaling efficiency (the benchmark's column) ----
 
 // One measured or predicted point of a scaling series.
 struct ScalingSample {

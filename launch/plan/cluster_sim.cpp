@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "launch/statistics.hpp"
+
 namespace ringattn {
 
 ClusterWork build_cluster_work(const Workload& w, const ShardLayout& layout, const MaskView& mask) {

@@ -9,6 +9,8 @@ Groups (each a ctest test, see tests/CMakeLists.txt):
   agreement   ranks started with different options or inputs (Open MPI MPMD): exit code 2
   numerics    empty rows, |scores| ~ 1e4, values near the bfloat16 maximum, one row per rank:
               --check passes and the outputs hold no NaN; outputs appear complete or not at all
+  binding     a rank bound to fewer cores than --threads: one warning naming the fix (on 1 or 2
+              ranks); none when unbound or at the default --threads
   faults      a rank killed or stopped mid-run, SIGTERM/SIGINT to mpirun, a full disk (ulimit -f):
               every rank ends within the timeout bound, exit 4 (or the signal's), no process and
               no output file left behind
@@ -689,8 +691,57 @@ def group_faults(runner, w, jobs):
     return run_cases(cases, one, 1)
 
 
+def group_binding(runner, w, jobs):
+    """README "Threads and binding": a rank that mpirun binds to one core and is asked for 2
+    threads gets one warning naming the fix; unbound, or at the default --threads, none."""
+    if len(os.sched_getaffinity(0)) < 2:
+        print("# binding: skipped (this process may run on fewer than 2 cores)")
+        return []
+    small = ["--seq-len", "256", "--heads", "1", "--head-dim", "16"]
+    fix = ["--threads 2 but rank 0 may run on only 1 core", "mpirun --map-by slot:PE=2 --bind-to core",
+           "mpirun --bind-to none"]
+
+    def run(binding, args, np=1):
+        bound = Runner(runner.ringattn, runner.mpiexec, w)
+        bound.flags = ["--bind-to", binding]
+        r = bound.run(args, np=np, limit=60)
+        expect(r.code == 0 and not r.leftovers, "expected success", r)
+        return r, [l for l in ringattn_lines(r.err) if l.startswith("ringattn: warning:")]
+
+    def warned(binding, args, np=1):
+        r, warnings = run(binding, args, np)
+        expect(len(warnings) == 1, "expected exactly one warning", r)
+        for needle in fix:
+            expect(needle in warnings[0], "the warning does not say %r" % needle, r)
+
+    def not_warned(binding, args, np=1):
+        r, warnings = run(binding, args, np)
+        expect(not warnings, "expected no warning", r)
+        return r
+
+    def default_threads_within_the_binding():
+        r = not_warned("core", small)
+        expect("1 rank x 1 thread " in r.out, "the default --threads should be the 1 core the rank may run on", r)
+
+    cases = [
+        ("bound to one core, 2 threads: warned", lambda: warned("core", small + ["--threads", "2"])),
+        ("two ranks bound, 2 threads: warned once", lambda: warned("core", small + ["--threads", "2"], np=2)),
+        ("bench bound to one core, 2 threads: warned",
+         lambda: warned("core", ["bench"] + small + ["--threads", "2", "--iters", "1", "--warmup", "0"])),
+        ("unbound, 2 threads: not warned", lambda: not_warned("none", small + ["--threads", "2"])),
+        ("bound, default threads: not warned", default_threads_within_the_binding),
+    ]
+
+    def one(case):
+        name, fn = case
+        fn()
+        return name
+
+    return run_cases(cases, one, jobs)
+
+
 GROUPS = {"bad_inputs": group_bad_inputs, "agreement": group_agreement, "numerics": group_numerics,
-          "faults": group_faults}
+          "faults": group_faults, "binding": group_binding}
 
 
 def main():

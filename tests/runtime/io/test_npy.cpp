@@ -16,6 +16,7 @@
 #include <iterator>
 
 #include "runtime/errors.hpp"
+#include "tests/support/temp_dir_test.hpp"
 #include "tests/support/test_util.hpp"
 
 namespace ringattn {
@@ -23,29 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under /tmp, removed with everything in it.
-class NpyTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char name[] = "/tmp/ringattn-npy-XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  std::string write_file(const std::string& name, const std::string& bytes) const {
-    std::ofstream(file(name), std::ios::binary) << bytes;
-    return file(name);
-  }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-    return names;
-  }
-
-  fs::path dir_;
-};
+using NpyTest = testing::TempDirTest;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -12,35 +12,17 @@
 #include <vector>
 
 #include "runtime/io/npy.hpp"
+#include "tests/support/temp_dir_test.hpp"
 
 namespace ringattn {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempFilesTest : public ::testing::Test {
+class TempFilesTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    char name[] = "/tmp/ringattn-temp-files-XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string touch(const std::string& name) const {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path) << "x";
-    return path;
-  }
-  // Files in the folder whose name starts with `prefix`.
-  std::vector<std::string> files(const std::string& prefix) const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_))
-      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
-    return out;
-  }
-
-  fs::path dir_;
+  std::string touch(const std::string& name) const { return write_file(name, "x"); }
+  std::vector<std::string> files(const std::string& prefix) const { return entries(prefix); }
 };
 
 TEST_F(TempFilesTest, RemovesWhatIsRegisteredAndNotWhatIsForgotten) {
