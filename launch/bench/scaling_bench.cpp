@@ -252,7 +252,11 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
     t.dout = host_fp32 ? dout_in.as<float>() : dout.data();
     t.o = host_view(o, copies[0]), t.lse = host_view(lse, copies[1]);
     t.dq = host_view(dq, copies[2]), t.dk = host_view(dk, copies[3]), t.dv = host_view(dv, copies[4]);
-    const CheckReport report = check_sampled_rows(comm, layout, mask, dims, t, b.backward, b.opt.check_rows, b.opt.seed);
+    const auto precision = b.execution.backend == "cuda" && b.dtype == DType::bf16  // tensor cores: bf16 P, dS
+                               ? kernels::SamePrecision::bf16_products
+                               : kernels::SamePrecision::fp32;
+    const CheckReport report =
+        check_sampled_rows(comm, layout, mask, dims, t, b.backward, b.opt.check_rows, b.opt.seed, precision);
     pt.checked = true;
     pt.check_passed = report.passed();
     pt.max_abs_err = report.max_abs_err();
