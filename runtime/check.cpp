@@ -80,6 +80,7 @@ void merge_partial_states(comm::Communicator& comm, int64_t B, int64_t S, int64_
 // Forward results of shared query rows `qs` at `pos` over the whole sequence, in fp64 and in the
 // same precision; every rank ends with both.
 struct RowStates {
+  double max_score = 0.0;  // largest |scaled score| of a visible pair, over ranks
   std::vector<double> o, lse, delta;
   std::vector<float> o32, lse32, delta32;
 };
@@ -101,7 +102,8 @@ RowStates forward_states(comm::Communicator& comm, const Shard& sh, const std::v
   r.o.resize(static_cast<size_t>(B * S * H * D)), r.lse.resize(static_cast<size_t>(B * H * S));
   r.o32.resize(r.o.size()), r.lse32.resize(r.lse.size());
   kernels::reference_forward(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(), sh.rows,
-                             sh.mask, r.o.data(), r.lse.data());
+                             sh.mask, r.o.data(), r.lse.data(), &r.max_score);
+  comm.allreduce(&r.max_score, 1, DataType::f64, ReduceOp::max);
   kernels::naive_forward_fp32(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(),
                               sh.rows, sh.mask, r.o32.data(), r.lse32.data(), sh.precision);
   merge_partial_states(comm, B, S, H, D, r.o, r.lse);
@@ -149,6 +151,12 @@ TensorError owned_error(comm::Communicator& comm, const ShardLayout& layout, con
   return e;
 }
 
+double max_of(const std::vector<double>& x) {
+  double m = 0.0;
+  for (double e : x) m = std::max(m, e);
+  return m;
+}
+
 // Visible keys of the query at position i (an upper bound under a block mask).
 int64_t keys_seen(const MaskView& mv, int64_t i, int64_t L) {
   const PosRange r = key_range(mv, i);
@@ -159,7 +167,7 @@ int64_t keys_seen(const MaskView& mv, int64_t i, int64_t L) {
 // every query that sees them, their LSE and delta recomputed in chunks of kChunkRows queries
 // (each chunk's rows shared, its states merged, then each rank takes every P-th row).
 struct KeyGrads {
-  std::vector<double> dk, dv;
+  std::vector<double> dk, dv, dk_terms, dv_terms;  // terms: the sums of |terms| (reference.hpp)
   std::vector<float> dk32, dv32;
 };
 
@@ -170,6 +178,8 @@ KeyGrads recomputed_key_grads(comm::Communicator& comm, const Shard& sh, const s
   KeyGrads g;
   g.dk.assign(static_cast<size_t>(B * K * Hkv * D), 0.0), g.dv.assign(g.dk.size(), 0.0);
   g.dk32.assign(g.dk.size(), 0.0f), g.dv32.assign(g.dk.size(), 0.0f);
+  g.dk_terms.assign(g.dk.size(), 0.0), g.dv_terms.assign(g.dk.size(), 0.0);
+  const kernels::GradientMagnitudes terms{nullptr, g.dk_terms.data(), g.dv_terms.data()};
   // The queries that see any of the keys: a union of intervals.
   std::vector<PosRange> spans;
   for (int64_t j : keys) {
@@ -220,7 +230,7 @@ KeyGrads recomputed_key_grads(comm::Communicator& comm, const Shard& sh, const s
       }
     }
     kernels::reference_backward(sh.dims, q.data(), p.data(), n, ks.data(), vs.data(), keys.data(), K, d.data(),
-                                lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data());
+                                lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data(), &terms);
     kernels::naive_backward_fp32(sh.dims, q.data(), p.data(), n, ks.data(), vs.data(), keys.data(), K, d.data(),
                                  lse32.data(), delta32.data(), sh.mask, nullptr, g.dk32.data(), g.dv32.data(),
                                  sh.precision);
@@ -237,6 +247,8 @@ KeyGrads run_lse_key_grads(const Shard& sh, const std::vector<int64_t>& keys, co
   KeyGrads g;
   g.dk.assign(static_cast<size_t>(B * K * Hkv * D), 0.0), g.dv.assign(g.dk.size(), 0.0);
   g.dk32.assign(g.dk.size(), 0.0f), g.dv32.assign(g.dk.size(), 0.0f);
+  g.dk_terms.assign(g.dk.size(), 0.0), g.dv_terms.assign(g.dk.size(), 0.0);
+  const kernels::GradientMagnitudes terms{nullptr, g.dk_terms.data(), g.dv_terms.data()};
   std::vector<double> lse(static_cast<size_t>(B * H * rows)), delta(lse.size());
   std::vector<float> delta32(lse.size());
   for (int64_t b = 0; b < B; ++b)
@@ -254,7 +266,8 @@ KeyGrads run_lse_key_grads(const Shard& sh, const std::vector<int64_t>& keys, co
         delta[li] = acc, delta32[li] = acc32;
       }
   kernels::reference_backward(sh.dims, sh.local.q, sh.positions.data(), rows, ks.data(), vs.data(), keys.data(), K,
-                              sh.local.dout, lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data());
+                              sh.local.dout, lse.data(), delta.data(), sh.mask, nullptr, g.dk.data(), g.dv.data(),
+                              &terms);
   kernels::naive_backward_fp32(sh.dims, sh.local.q, sh.positions.data(), rows, ks.data(), vs.data(), keys.data(), K,
                                sh.local.dout, sh.local.lse, delta32.data(), sh.mask, nullptr, g.dk32.data(),
                                g.dv32.data(), sh.precision);
@@ -313,21 +326,30 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   rep.o = owned_error(comm, layout, local.o, st.o.data(), st.o32.data(), B, rows, H * D, pos);
   // LSE (B, H, rows) compared as (B*H, rows, 1).
   rep.lse = owned_error(comm, layout, local.lse, st.lse.data(), st.lse32.data(), B * H, rows, 1, pos);
+  // Score rounding: O averages V rows (terms up to max |V|); LSE carries it once.
+  double max_v = 0.0;
+  for (int64_t e = 0; e < B * rows * Hkv * D; ++e) max_v = std::max(max_v, double(std::abs(local.v[e])));
+  comm.allreduce(&max_v, 1, DataType::f64, ReduceOp::max);
+  const double score_rounding = kernels::kScoreRounding * st.max_score;
+  rep.o.rounding = score_rounding * max_v, rep.lse.rounding = score_rounding;
   if (!backward) return rep;
 
   // dQ of the sampled queries: gradients through this rank's keys, summed over ranks.
   const std::vector<float> dos = share_rows(comm, layout, local.dout, B, rows, H * D, pos);
   add_deltas(dims, S, dos, st);
-  std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0);
+  std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0), dq_terms(dq.size(), 0.0);
   std::vector<float> dq32(dq.size(), 0.0f);
+  const kernels::GradientMagnitudes terms{dq_terms.data(), nullptr, nullptr};
   kernels::reference_backward(dims, qs.data(), pos.data(), S, local.k, local.v, sh.positions.data(), rows, dos.data(),
-                              st.lse.data(), st.delta.data(), mv, dq.data(), nullptr, nullptr);
+                              st.lse.data(), st.delta.data(), mv, dq.data(), nullptr, nullptr, &terms);
   kernels::naive_backward_fp32(dims, qs.data(), pos.data(), S, local.k, local.v, sh.positions.data(), rows,
                                dos.data(), st.lse32.data(), st.delta32.data(), mv, dq32.data(), nullptr, nullptr,
                                precision);
   comm.allreduce(dq.data(), dq.size(), DataType::f64, ReduceOp::sum);
   comm.allreduce(dq32.data(), dq32.size(), DataType::f32, ReduceOp::sum);
+  comm.allreduce(dq_terms.data(), dq_terms.size(), DataType::f64, ReduceOp::sum);
   rep.dq = owned_error(comm, layout, local.dq, dq.data(), dq32.data(), B, rows, H * D, pos);
+  rep.dq.rounding = score_rounding * max_of(dq_terms);
 
   // dK, dV of the sampled keys. Those whose queries' LSE the budget allows to recompute, cheapest
   // first (the cost of a key: the keys seen by each query that sees it).
@@ -356,10 +378,12 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
     const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, keys);
     const std::vector<float> vs = share_rows(comm, layout, local.v, B, rows, Hkv * D, keys);
     KeyGrads g = recompute ? recomputed_key_grads(comm, sh, keys, ks, vs) : run_lse_key_grads(sh, keys, ks, vs);
-    for (std::vector<double>* x : {&g.dk, &g.dv}) comm.allreduce(x->data(), x->size(), DataType::f64, ReduceOp::sum);
+    for (std::vector<double>* x : {&g.dk, &g.dv, &g.dk_terms, &g.dv_terms}) comm.allreduce(x->data(), x->size(), DataType::f64, ReduceOp::sum);
     for (std::vector<float>* x : {&g.dk32, &g.dv32}) comm.allreduce(x->data(), x->size(), DataType::f32, ReduceOp::sum);
-    rep.dk.merge(owned_error(comm, layout, local.dk, g.dk.data(), g.dk32.data(), B, rows, Hkv * D, keys));
-    rep.dv.merge(owned_error(comm, layout, local.dv, g.dv.data(), g.dv32.data(), B, rows, Hkv * D, keys));
+    TensorError dk = owned_error(comm, layout, local.dk, g.dk.data(), g.dk32.data(), B, rows, Hkv * D, keys);
+    TensorError dv = owned_error(comm, layout, local.dv, g.dv.data(), g.dv32.data(), B, rows, Hkv * D, keys);
+    dk.rounding = score_rounding * max_of(g.dk_terms), dv.rounding = score_rounding * max_of(g.dv_terms);
+    rep.dk.merge(dk), rep.dv.merge(dv);
   };
   judge(recomputed, true);
   judge(trusted, false);
