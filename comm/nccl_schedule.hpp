@@ -1,5 +1,5 @@
-// Where the NCCL communicator puts each rank, and the order in which it sets up its per-pair
-// communicators. Plain functions, unit-tested on the CPU (tests/comm/test_nccl_schedule.cpp).
+// Where the NCCL communicator puts each rank. A plain function, unit-tested on the CPU
+// (tests/comm/test_nccl_schedule.cpp).
 #pragma once
 
 #include <stdexcept>
@@ -18,30 +18,6 @@ inline int gpu_for_local_rank(int local_rank, int local_ranks, int devices, cons
                              std::to_string(devices) + " GPUs visible; the NCCL communicator needs one GPU per rank " +
                              "(run at most " + std::to_string(devices) + " ranks per node, or use --comm mpi)");
   return local_rank;
-}
-
-// Pair communicators are created and connected in the rounds of a round-robin tournament
-// (circle method): in every round each rank works with at most one partner, and the two sides
-// of a pair meet in the same round (creating a communicator, and its first transfer, block
-// until both sides take part). 2 (P - 1) sequential steps per rank.
-
-// Rounds of the tournament of `ranks` players (one more for an odd count: a bye each round).
-inline int round_robin_rounds(int ranks) { return ranks < 2 ? 0 : (ranks % 2 == 0 ? ranks - 1 : ranks); }
-
-// The partner of `rank` in round `round`, or -1 (a bye, or a single rank).
-inline int round_robin_partner(int rank, int round, int ranks) {
-  if (ranks < 2) return -1;
-  const int n = ranks % 2 == 0 ? ranks : ranks + 1;  // with a phantom player n - 1 when odd
-  const int m = n - 1;
-  int partner;
-  if (rank == m) {
-    partner = round % m;
-  } else if (rank == round % m) {
-    partner = m;
-  } else {
-    partner = ((2 * round - rank) % m + m) % m;  // rank + partner == 2 round (mod m)
-  }
-  return partner >= ranks ? -1 : partner;
 }
 
 }  // namespace ringattn::comm

@@ -176,6 +176,8 @@ int run_attention(LaunchContext& ctx) {
       exec = make_execution(job.execution, ctx.world, ctx.local_rank, job.threads);
     } catch (const UsageError&) {
       throw;
+    } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
+      throw;
     } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
       throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
                        e.what());

@@ -119,24 +119,24 @@ uint64_t memory_per_rank(const Workload& w, const ShardLayout& layout, const Rin
   const double B = double(w.batch), rows = double(layout.rows(plan.rank()));
   const double q_row = double(w.heads * w.head_dim), kv_row = double(w.kv_heads * w.head_dim);
   const double dt = double(w.dtype_bytes);
-  int64_t max_rows = 0;
+  int64_t max_rows = 0;  // as RingAttention's constructor sizes its buffers
   for (const RingStep& st : plan.steps()) max_rows = std::max({max_rows, st.recv_rows, count_rows(st.send_rows)});
   const bool ring = plan.schedule() == Schedule::ring, several = layout.ranks() > 1;
+  if (ring) max_rows = std::max(max_rows, layout.max_rows());
 
   double inputs = B * rows * (q_row + 2 * kv_row) * dt;              // q, k, v
   double outputs = B * rows * q_row * 4 + B * double(w.heads) * rows * 4;  // o, lse
-  const double own = several && ring ? kv_bytes(w, int64_t(rows)) : 0.0;
-  const double forward = 2 * kv_bytes(w, max_rows) * (ring ? 1 : 2) + own;  // receive (and send) slots
-  double backward = 0.0;
+  // The ring's buffers, allocated once per RingAttention and used by both passes: K/V receive
+  // (and, direct, send) slots, the relay's own shard; backward adds dK/dV in and out slots and delta.
+  double buffers = several ? 2 * kv_bytes(w, max_rows) * (ring ? 1 : 2) : 0.0;
+  if (several && ring) buffers += kv_bytes(w, int64_t(rows));
   if (w.backward) {
     inputs += B * rows * q_row * dt;                            // dout
     outputs += B * rows * (q_row + 2 * kv_row) * 4;             // dq, dk, dv
-    const int64_t rows_b = ring ? std::max(max_rows, layout.max_rows()) : max_rows;
-    const double grad = 2 * B * double(rows_b) * kv_row * 4;   // one dK/dV message
-    backward = 2 * kv_bytes(w, rows_b) * (ring ? 1 : 2) + 4 * grad + own + B * double(w.heads) * rows * 4;
-    if (several && ring) backward += 2 * B * rows * kv_row * 4;  // this shard's sum coming home
+    const double grad = 2 * B * double(max_rows) * kv_row * 4;  // one dK/dV message
+    buffers += (several ? 4 * grad : 0.0) + B * double(w.heads) * rows * 4;
   }
-  return static_cast<uint64_t>(inputs + outputs + std::max(forward, backward));
+  return static_cast<uint64_t>(inputs + outputs + buffers);
 }
 
 // ---- Prediction ----

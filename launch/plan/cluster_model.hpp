@@ -17,6 +17,11 @@
 //                                    of k): a step costs max(compute, transfer) once the pipeline
 //                                    runs; the local step 0 hides the first transfer only as far
 //                                    as its compute lasts, and the last sends are waited for;
+//   grouped steps                  a step's sends and receives are posted together and complete
+//                                    together (one NCCL group): waiting for step k's data also
+//                                    waits for this rank's send of step k; backward's gradient
+//                                    returns of step k are one step posted after the compute of
+//                                    step k, receive included;
 //   host costs                     packing rows, adding gradients and zeroing outputs move bytes
 //                                    at host_copy_gbps and each message costs message_overhead_us,
 //                                    not overlapped;
@@ -116,8 +121,8 @@ struct Prediction {
   double total_seconds() const { return forward.seconds + backward.seconds; }
 };
 
-// Bytes RingAttention holds on one rank: inputs, outputs and the transfer buffers of the larger
-// pass (RingAttention allocates them per pass), as the runtime allocates them.
+// Bytes RingAttention holds on one rank: inputs, outputs and the transfer buffers, which it
+// allocates once (forward's when built, backward's at the first backward) and keeps.
 uint64_t memory_per_rank(const Workload& w, const ShardLayout& layout, const RingPlan& plan);
 
 // Rank r's node is r / ranks_per_node.

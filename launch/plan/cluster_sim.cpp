@@ -113,6 +113,7 @@ PassPrediction ClusterSimulation::run(bool backward, PassCounts* counts) const {
   // for the gradient messages of the backward pass.
   auto posted = grid(), arrived = grid(), sent = grid();
   auto grad_posted = grid(), grad_recv_posted = grid(), grad_sent = grid();
+  std::vector<double> home_recv_posted(size_t(P), 0.0);
 
   // A message occupies the sender's outgoing and the receiver's incoming link from the moment
   // both ends posted it and both links are free; it arrives `latency` after it left.
@@ -170,15 +171,12 @@ PassPrediction ClusterSimulation::run(bool backward, PassCounts* counts) const {
     for (int r = 0; r < P; ++r) {
       Tally& T = ranks[size_t(r)];
       const StepWork& s = step(r, k);
-      if (backward && (ring ? k >= 2 : s.send_peer >= 0)) {  // the gradient receive of this step
-        T.host_work(cluster_, 0.0, 1);
-        grad_recv_posted[size_t(r)][size_t(k)] = T.t;
-      }
       if (!ring && k + 1 < P) {  // direct: the next step's buffers are free once its send of k-1 is done
         T.wait_until(sent[size_t(r)][size_t(k - 1)]);
         post_key_values(r, k + 1);
       }
       if (s.recv_peer >= 0) T.wait_until(arrived[size_t(r)][size_t(k)]);
+      if (s.send_peer >= 0) T.wait_until(sent[size_t(r)][size_t(k)]);  // the step completes as a unit
       if (ring && k + 1 < P) {  // ring: relay what arrived, once the previous relay left
         T.wait_until(sent[size_t(r)][size_t(k)]);
         post_key_values(r, k + 1);
@@ -203,6 +201,14 @@ PassPrediction ClusterSimulation::run(bool backward, PassCounts* counts) const {
         T.host_work(cluster_, s.grad_bytes, 1);  // copied out
         grad_posted[size_t(r)][size_t(k)] = T.t;
       }
+      // The gradient step's receive, posted with its send: direct, the partial of r's rows
+      // computed at step k; ring, the running sum r holds at step k + 1 (home after P - 1).
+      if (ring || s.send_peer >= 0) {
+        T.host_work(cluster_, 0.0, 1);
+        if (ring && k + 1 < P) grad_recv_posted[size_t(r)][size_t(k + 1)] = T.t;
+        if (ring && k + 1 == P) home_recv_posted[size_t(r)] = T.t;
+        if (!ring) grad_recv_posted[size_t(r)][size_t(k)] = T.t;
+      }
       if (!ring && k >= 2) absorb(r, k - 1);
     }
   }
@@ -214,8 +220,8 @@ PassPrediction ClusterSimulation::run(bool backward, PassCounts* counts) const {
       }
       Tally& T = ranks[size_t(r)];  // this shard's sum comes home after P - 1 hops
       const int from = (r - 1 + P) % P;
-      T.host_work(cluster_, 0.0, 1);
-      const double at = transfer(from, r, P - 1, step(from, P - 1).grad_bytes, grad_posted[size_t(from)][size_t(P - 1)], T.t);
+      const double at = transfer(from, r, P - 1, step(from, P - 1).grad_bytes, grad_posted[size_t(from)][size_t(P - 1)],
+                                 home_recv_posted[size_t(r)]);
       grad_sent[size_t(from)][size_t(P - 1)] = at;
       T.wait_until(at);
       T.host_work(cluster_, 2 * 2.0 * B * double(work_.rows[size_t(r)]) * kv_row * 4.0, 0);  // copied in, added

@@ -8,7 +8,8 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
               sharing one emulated GPU
   layer       the LoRA layer at P = 2 (its attention runs on the CPU backend)
   faults      a rank stopped (SIGSTOP) mid-backward: exit 4 within the timeout, the error names
-              the rank and the step, and teardown does not hang
+              the rank and the step, and teardown does not hang; more ranks than GPUs on a node
+              with --comm nccl: a usage error naming both counts
 
 Sizes are tiny: emulated kernels run threads as fibers on one core.
 """
@@ -89,6 +90,11 @@ def main():
         names = any("rank 0" in l and "step" in l and "timed out after 5 s" in l for l in errors)
         report("a rank stopped mid-backward: exit 4 within the timeout, rank and step named (%.1f s, exit %s)" %
                (seconds, code), code == 4 and names and seconds < 40, out + err)
+        # More ranks on a node than GPUs: a usage error naming both counts.
+        code, out, err, seconds = run(["--backend", "cuda", "--comm", "nccl", "--seq-len", "64", "--heads", "2",
+                                       "--head-dim", "16"], 3, {"RINGATTN_EMULATED_GPUS": "2"}, limit=60)
+        report("3 ranks on 2 GPUs with --comm nccl: exit 2 naming both counts (exit %s)" % code,
+               code == 2 and "3 ranks on 2 GPUs" in err, out + err)
     return 1 if failures else 0
 
 
