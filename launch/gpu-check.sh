@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# The prepared GPU check. On a machine with a GPU, CUDA, CMake, Python and PyTorch, but no
-# internet and none of our Debian packages:
-#   1. configures the whole project, or, when MPI/Boost/OpenBLAS/NCCL are missing, only the CPU
-#      and CUDA kernels, their tests and the GPU benchmark (-DRINGATTN_GPU_CHECK_ONLY=ON);
-#   2. builds for this GPU's architecture only;
-#   3. runs the GPU tests (ctest label cuda, without the CPU emulation of the kernels);
-#   4. benchmarks our forward and backward kernels (build/ringattn_gpu_bench, which also checks
-#      sampled rows against fp64) and torch's scaled_dot_product_attention with the flash
-#      backend on the same shapes (launch/bench/bench_torch_sdpa.py);
-#   5. prints one table (our TFLOP/s, torch's, the ratio) and writes it as JSON.
+# The prepared GPU check: the whole GPU path in one run, on a fresh machine with one GPU, CUDA,
+# CMake and Python (PyTorch likely; MPI, Boost, NCCL perhaps not), no internet:
+#   1. finds nvcc even when it is not on PATH (the toolkit's standard folders), configures the
+#      whole project, or, when MPI/Boost/OpenBLAS/NCCL are missing, only the CPU and CUDA kernels,
+#      their tests and the GPU benchmark (-DRINGATTN_GPU_CHECK_ONLY=ON); builds for this GPU only;
+#   2. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
+#      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels);
+#   3. the kernel tests (ctest label cuda, without the CPU emulation's copies);
+#   4. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
+#      (host-staged transfers) with --check, when MPI is there (otherwise skipped, said so);
+#   5. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
+#      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
+#      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
+#   6. the SASS report of the build (launch/sass-report.sh) when a disassembler is there.
 #
 #   launch/gpu-check.sh [RESULT.json]
 # RESULT.json defaults to $OUT/gpu-check.json when OUT is set, else <build>/gpu-check.json; the
-# step logs go to $OUT (or the build folder). Exit status: 0 when the tests pass and every
-# sampled row is right, 1 otherwise. Every step has a timeout and the whole check a budget
-# (RINGATTN_GPU_CHECK_BUDGET seconds, default 540), so it ends well inside 10 minutes.
+# step logs and the other JSON files go to $OUT (or the build folder). Exit status: 0 when the
+# tests, the sanitizers and the checks pass, 1 otherwise. Every step has a timeout and the whole
+# check a budget (RINGATTN_GPU_CHECK_BUDGET seconds, default 420: 7 minutes).
 # Environment: RINGATTN_GPU_CHECK_BUILD (build folder, default build-gpu-check),
 # RINGATTN_GPU_CHECK_QUICK=1 (lengths 4K and 16K only), CUDA_ARCH (default: this GPU's, e.g. 90).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-budget=${RINGATTN_GPU_CHECK_BUDGET:-540}
+budget=${RINGATTN_GPU_CHECK_BUDGET:-420}
 deadline=$(( $(date +%s) + budget ))
 build=${RINGATTN_GPU_CHECK_BUILD:-build-gpu-check}
 mkdir -p "$build"
@@ -32,14 +36,30 @@ logs=${OUT:-$build}
 mkdir -p "$logs" "$(dirname "$result")"
 steps=$build/steps.txt
 : > "$steps"
-rm -f "$build/ours.json" "$build/torch.json"  # no stale results from an earlier run
+rm -f "$logs/ours.json" "$logs/torch.json"  # no stale results from an earlier run
 status=0
 jobs=$(nproc 2>/dev/null || echo 4)
+export PYTHONUNBUFFERED=1
+[ -f launch/env.sh ] && . launch/env.sh
+
+# The CUDA toolkit: nvcc and compute-sanitizer from PATH, else from the standard install folders.
+if ! command -v nvcc >/dev/null 2>&1; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /opt/cuda/bin; do
+    if [ -x "$d/nvcc" ]; then export PATH="$d:$PATH"; break; fi
+  done
+fi
+nvcc_path=$(command -v nvcc || true)
+[ -n "$nvcc_path" ] && export CUDACXX="$nvcc_path"
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -z "$sanitizer" ] && [ -n "$nvcc_path" ]; then
+  for c in "$(dirname "$nvcc_path")/compute-sanitizer" "$(dirname "$nvcc_path")/../compute-sanitizer/compute-sanitizer"; do
+    [ -x "$c" ] && { sanitizer=$c; break; }
+  done
+fi
 arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')}
 arch=${arch:-90}
 lengths=4096,8192,16384,32768
 [ "${RINGATTN_GPU_CHECK_QUICK:-0}" = "1" ] && lengths=4096,16384
-export PYTHONUNBUFFERED=1
 
 # step NAME LIMIT COMMAND...: runs COMMAND under a timeout (LIMIT, or what is left of the
 # budget), logs to $logs/NAME.log, shows the log's end, records "NAME EXIT SECONDS".
@@ -60,14 +80,20 @@ step() {
   local rc=$?
   local secs=$(( $(date +%s) - start ))
   echo "$name $rc $secs" >> "$steps"
-  tail -n 40 "$logs/$name.log"
+  tail -n 25 "$logs/$name.log"
   echo "== $name: exit $rc after ${secs}s"
   return $rc
 }
+skipped() {  # skipped NAME WHY: recorded with exit 126
+  echo "== $1: skipped: $2"
+  echo "$1 126 0" >> "$steps"
+}
 
 echo "# ringattn GPU check: build $build, architecture sm_$arch, budget ${budget}s, result $result"
+echo "# nvcc: ${nvcc_path:-not found}; compute-sanitizer: ${sanitizer:-not found}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null || true
 : > "$logs/configure.log"
+[ -n "$nvcc_path" ] || { echo "# no nvcc on PATH or in /usr/local/cuda*/bin: cannot build"; exit 1; }
 
 # NCCL from PyTorch's wheel when the system has none (headers and library in nvidia/nccl).
 nccl_args=()
@@ -79,38 +105,75 @@ if [ ! -e /usr/include/nccl.h ] && [ ! -e /usr/local/include/nccl.h ]; then
   fi
 fi
 
-# 1. Configure: the whole project if this machine allows it, else the GPU check build.
+# 1. Configure: the whole project if this machine allows it, else the GPU check build; build.
 mode=full
-if ! step configure 150 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-     ${nccl_args[@]+"${nccl_args[@]}"} || [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
+if ! step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+     -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ||
+   [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
   mode=check-only
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
-  step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DRINGATTN_GPU_CHECK_ONLY=ON || { echo "# configure failed: see $logs/configure.log"; exit 1; }
+  step configure 90 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DCMAKE_CUDA_COMPILER="$nvcc_path" -DRINGATTN_GPU_CHECK_ONLY=ON ||
+    { echo "# configure failed: see $logs/configure.log"; exit 1; }
 fi
 echo "# build mode: $mode"
-
-# 2. Build what the check runs.
 if [ "$mode" = full ]; then
-  targets=(ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
+  targets=(ringattn ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
 else
   targets=(all)
 fi
-if ! step build 300 cmake --build "$build" -j"$jobs" --target "${targets[@]}"; then
+if ! step build 240 cmake --build "$build" -j"$jobs" --target "${targets[@]}"; then
   echo "# build failed: see $logs/build.log"
   status=1
 fi
+bench=$build/ringattn_gpu_bench
 
-# 3. GPU tests (the emulated copies of the same tests are for machines without a GPU).
-step tests 200 ctest --test-dir "$build" -L cuda -E emulated --output-on-failure --timeout 180 || status=1
+# 2. compute-sanitizer on small shapes of every kernel: the benchmark at L = 192 (three query tiles,
+# causal and not, every tensor-core head dim, and the simple kernels), and, with GoogleTest, the
+# tests that reach partial tiles under every mask kind, merging and GQA.
+if [ -n "$sanitizer" ]; then
+  small=(--heads 2 --lengths 192 --causal both --warmup 0 --iters 1)
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer_$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$bench" "${small[@]}" --head-dims 64,96,128,256 --kernel tensor_core || status=1
+    step "sanitizer_${tool}_simple" 40 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$bench" "${small[@]}" --head-dims 64 --kernel simple || status=1
+  done
+  if grep -q 'GTest_FOUND:INTERNAL=1\|GTest_DIR:PATH=/' "$build/CMakeCache.txt" 2>/dev/null; then
+    step sanitizer_memcheck_tests 60 "$sanitizer" --tool memcheck --error-exitcode 9 \
+      "$build/tests/kernels/cuda/ringattn_cuda_tests" \
+      --gtest_filter='AttentionCuda.EveryMaskAtOnce:AttentionCuda.GroupedQueryAttention:AttentionCuda.HeadDims96And256OnTensorCores:AttentionCuda.ChunkedForwardAndBackwardEqualOnePass' ||
+      status=1
+  fi
+else
+  skipped sanitizers "no compute-sanitizer next to nvcc or on PATH"
+fi
 
-# 4. Benchmarks: ours, then torch's on the same shapes.
+# 3. The kernel tests (the emulated copies are for machines without a GPU).
+step tests 120 ctest --test-dir "$build" -L cuda -E 'emulated|mpi' --output-on-failure --timeout 110 || status=1
+
+# 4. The CUDA backend and the ring on this GPU: one rank, and two ranks sharing it (host-staged).
+if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
+  ring=(--backend cuda --comm mpi --dtype bf16 --seq-len 16384 --heads 8 --head-dim 128 --causal --backward --check)
+  step ring_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" \
+    --json "$logs/ring_np1.json" || status=1
+  step ring_np2 60 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" \
+    --json "$logs/ring_np2.json" || status=1
+  step ring_tests 90 ctest --test-dir "$build" -R '^cuda_mpi_np[12]$' --output-on-failure --timeout 85 || status=1
+else
+  skipped ring "no MPI on this machine (check-only build): the ring's CUDA path is not run"
+fi
+
+# 5. Benchmarks: ours, then torch's on the same shapes, then one table.
 bench_args=(--heads 16 --batch 1 --head-dims 64,128 --lengths "$lengths" --causal both --warmup 2 --iters 5)
-step bench 150 "$build/ringattn_gpu_bench" --json "$build/ours.json" "${bench_args[@]}" || status=1
-step torch 150 python3 launch/bench/bench_torch_sdpa.py --json "$build/torch.json" "${bench_args[@]}" || true
+step bench 120 "$bench" --json "$logs/ours.json" "${bench_args[@]}" || status=1
+step torch 120 python3 launch/bench/bench_torch_sdpa.py --json "$logs/torch.json" "${bench_args[@]}" || true
 
-# 5. One table, as JSON too.
-step report 30 python3 launch/bench/bench_torch_sdpa.py --compare "$build/ours.json" "$build/torch.json" \
+# 6. What the compiler made of the kernels (needs cuobjdump; the CUDA images may lack it).
+step sass 30 launch/sass-report.sh --arch "$arch" --json "$logs/sass.json" \
+  "$build/kernels/cuda/libringattn_kernels_cuda.a" || true
+
+step report 20 python3 launch/bench/bench_torch_sdpa.py --compare "$logs/ours.json" "$logs/torch.json" \
   --steps "$steps" --out "$result" || true
 echo "# GPU check $([ "$status" = 0 ] && echo passed || echo FAILED): $result"
 exit "$status"

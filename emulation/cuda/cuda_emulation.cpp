@@ -275,6 +275,21 @@ float shuffle(float value, int source_lane) {
   return values[source_lane & 31];
 }
 
+unsigned ballot(bool predicate) {
+  const int t = thread_index();
+  if (g_block->warps[size_t(t / 32)].live != 32) fail("__ballot_sync over a full mask needs all 32 lanes of the warp");
+  WarpExchange& ex = g_block->exchange[size_t(t / 32)];
+  int& parity = g_block->shuffle_parity[size_t(t)];  // the shuffles' alternating buffers
+  float* values = ex.values[parity];
+  parity ^= 1;
+  values[t % 32] = predicate ? 1.0f : 0.0f;
+  sync_warp();
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if (values[l] != 0.0f) bits |= 1u << l;
+  return bits;
+}
+
 void load_matrix(uint32_t* out, int matrices, bool transpose, const void* row_address) {
   const int t = thread_index(), lane = t % 32;
   if (g_block->warps[size_t(t / 32)].live != 32) fail("ldmatrix needs all 32 lanes of the warp");

@@ -104,6 +104,7 @@ const Coordinates& coordinates();
 void sync_block();
 void sync_warp();
 float shuffle(float value, int source_lane);
+unsigned ballot(bool predicate);  // __ballot_sync over the full warp
 
 // cp.async: copies are queued per thread and carried out by the wait that must precede their use
 // (as late as the hardware may), so reading a tile before waiting for it reads stale bytes.
@@ -205,11 +206,14 @@ inline unsigned __float_as_uint(float f) {
   std::memcpy(&u, &f, 4);
   return u;
 }
+// Fast division (MUFU.RCP on the GPU, within 2 ulp): exact here.
+inline float __fdividef(float a, float b) { return a / b; }
 inline void __syncthreads() { cuda_emulation::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { cuda_emulation::sync_warp(); }
 inline float __shfl_sync(unsigned, float v, int source_lane, int = 32) {
   return cuda_emulation::shuffle(v, source_lane);
 }
+inline unsigned __ballot_sync(unsigned, int predicate) { return cuda_emulation::ballot(predicate != 0); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int = 32) {
   return cuda_emulation::shuffle(v, int(threadIdx.x % 32) ^ lane_mask);
 }

@@ -53,10 +53,12 @@ __host__ __device__ constexpr size_t dq_smem() {
   return dq_tile_bytes<D>() + KeyBlocks<D, BackwardTiles<D>::kDqKeys, kThreads>::shared_bytes();
 }
 
-// dK/dV kernel: the key block (K, V, positions), then the double-buffered query tiles.
+// dK/dV kernel: the key block (K, V, positions), the visibility words of a partial tile (bit j of
+// word [r][h]: query row r sees key 32 h + j), then the double-buffered query tiles.
 template <int D>
 __host__ __device__ constexpr size_t kv_block_bytes() {
-  return sizeof(uint16_t) * 2 * size_t(kKvKeys) * (D + 8) + sizeof(int64_t) * kKvKeys;
+  return sizeof(uint16_t) * 2 * size_t(kKvKeys) * (D + 8) + sizeof(int64_t) * kKvKeys +
+         sizeof(uint32_t) * kKvRows * (kKvKeys / 32);
 }
 template <int D>
 __host__ __device__ constexpr size_t dkdv_smem() {
@@ -87,9 +89,13 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
   const int64_t qrow0 = b * p.q_rows + qspan.row0;
   load_rows_to_shared<D>(qs, LD, kDqRows, p.q, qrow0, qspan.count, p.heads, h, tid, kThreads);
   load_rows_to_shared<D>(dos, LD, kDqRows, p.dout, qrow0, qspan.count, p.heads, h, tid, kThreads);
-  load_row_statistics(p, qspan, b, h, kDqRows, rmask, lse2, dlt, tid, kThreads);  // (visible after run's first barrier)
+  load_row_statistics(p, qspan, b, h, kDqRows, rmask, lse2, dlt, tid, kThreads);
+  __syncthreads();
 
+  // This thread's two rows: their element masks and statistics in registers for the whole loop.
   const int rows[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};
+  const RowMask row_masks[2] = {rmask[rows[0]], rmask[rows[1]]};
+  const float row_lse2[2] = {lse2[rows[0]], lse2[rows[1]]}, row_delta[2] = {dlt[rows[0]], dlt[rows[1]]};
   float dq[DT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -105,11 +111,10 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttentionParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * quad_lane + (e & 1);
-        const int r = rows[e >> 1];
         bool ok = col < kspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[r], kpos[col]);
-        const float pr = ok ? exp2f(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
-        s[nt][e] = pr * (dp[nt][e] - dlt[r]);
+        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, row_masks[e >> 1], kpos[col]);
+        const float pr = ok ? exp2f(s[nt][e] * scale_log2 - row_lse2[e >> 1]) : 0.0f;
+        s[nt][e] = pr * (dp[nt][e] - row_delta[e >> 1]);
       }
     accumulate_product<T, kDqKeys / 16, DT>(s, ks, LD, lane, dq);  // dQ += dS K
   });
@@ -140,6 +145,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem);  // [kKvKeys][LD]
   uint16_t* vs = ks + kKvKeys * LD;                  // [kKvKeys][LD]
   int64_t* kpos = reinterpret_cast<int64_t*>(vs + kKvKeys * LD);
+  uint32_t* visible_words = reinterpret_cast<uint32_t*>(kpos + kKvKeys);  // [kKvRows][kKvKeys / 32]
+  static_assert(kKvKeys == 64 && kKvRows % 4 == 0, "two visibility words per query row, rows split over 4 warps");
 
   // Key block kb's first columns split in blockIdx.x % kSplits (a power of 2: no division). The
   // first key blocks are seen by the most causal queries, and start first.
@@ -156,6 +163,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   for (int j = tid; j < kKvKeys; j += kThreads) kpos[j] = j < kspan.count ? p.k_pos[kspan.row0 + j] : 0;
 
   const int keys[2] = {warp * 16 + (lane >> 2), warp * 16 + (lane >> 2) + 8};  // this thread's accumulator rows
+  __syncthreads();  // key positions in shared memory
+  const int64_t lane_key_pos[2] = {kpos[lane], kpos[lane + 32]};  // the keys this lane tests for the ballots
+  const int word_half = warp >> 1;                                  // keys[] lie in words [.][warp / 2]
   float dk[DT][4], dv[DT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt)
@@ -165,6 +175,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
   const float scale_log2 = p.scale * kLog2e;
   queries.run([&](const RowSpan& qspan, TileKind kind, const uint16_t* qs, const uint16_t* dos, const RowMask* rmask,
                   const float* lse2, const float* dlt) {
+    if (kind == TileKind::partial) {  // (uniform) element mask as bits: one ballot per row and half
+#pragma unroll 1
+      for (int i = 0; i < kKvRows / 4; ++i) {
+        const int r = warp * (kKvRows / 4) + i;
+        const RowMask rm = rmask[r];
+        const bool row = r < qspan.count;
+        const bool see0 = row && lane < kspan.count && row_sees_32(p.mask, rm, lane_key_pos[0]);
+        const bool see1 = row && lane + 32 < kspan.count && row_sees_32(p.mask, rm, lane_key_pos[1]);
+        const unsigned w0 = __ballot_sync(0xffffffffu, see0), w1 = __ballot_sync(0xffffffffu, see1);
+        if (lane == 0) visible_words[2 * r] = w0, visible_words[2 * r + 1] = w1;
+      }
+      __syncthreads();
+    }
     float st[NT][4], dpt[NT][4];  // S^T and dP^T: this warp's 16 keys x 32 queries
     product_transposed<T, NT, KC>(ks, qs, LD, warp * 16, lane, st);
     product_transposed<T, NT, KC>(vs, dos, LD, warp * 16, lane, dpt);
@@ -175,8 +198,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(AttentionParams p) {
       for (int e = 0; e < 4; ++e) {
         const int key = keys[e >> 1];
         const int col = nt * 8 + 2 * quad_lane + (e & 1);  // query within the tile
-        bool ok = key < kspan.count && col < qspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[col], kpos[key]);
+        const bool ok = kind == TileKind::partial ? ((visible_words[2 * col + word_half] >> (key & 31)) & 1u) != 0
+                                                  : key < kspan.count && col < qspan.count;
         const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
         st[nt][e] = pr;
         dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);

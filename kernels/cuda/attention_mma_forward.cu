@@ -24,9 +24,9 @@ constexpr int kThreads = 128;
 
 // Per head dim: keys per block, and whether the warps keep their Q fragments in registers for
 // the whole kernel (D <= 128) or read them from shared memory per block (D = 256, where 64 more
-// registers would spill). Shared memory per CTA (D = 64 / 96 / 128 / 256): 38 / 56 / 72 / 103 KiB
-// (the Q tile of D <= 128 is staged in the second K/V buffer before the loop starts), so that
-// three CTAs fit on an sm_90 multiprocessor at D = 128 and two on sm_80, and D = 256 fits on both.
+// registers would spill). Shared memory per CTA (D = 64 / 96 / 128 / 256): 39 / 55 / 71 / 101 KiB
+// (the Q tile of D <= 128 is staged in the second K buffer before the loop starts), so that
+// shared memory allows three CTAs per sm_90 multiprocessor at D = 128, and D = 256 fits sm_80.
 template <int D>
 struct ForwardTiles {
   static constexpr int kKeys = D <= 128 ? 64 : 32;
@@ -89,6 +89,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   }
   __syncthreads();  // Q tile and row masks in shared memory
 
+  // This thread's two rows' element masks, in registers for the whole loop.
+  const RowMask row_masks[2] = {rmask[rows[0]], rmask[rows[1]]};
   uint32_t qa[Tiles::kQInRegisters ? KC : 1][4];
   if constexpr (Tiles::kQInRegisters) {
 #pragma unroll
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * quad_lane + (e & 1);
         bool ok = col < kspan.count;
-        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, rmask[rows[e >> 1]], kp[col]);
+        if (ok && kind == TileKind::partial) ok = row_sees_32(p.mask, row_masks[e >> 1], kp[col]);
         s[nt][e] = ok ? s[nt][e] * scale_log2 : neg_inf();
         mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   for (int rr = 0; rr < 2; ++rr) {
     if (rows[rr] >= qspan.count || !grew[rr]) continue;
     const bool seen = l[rr] > 0.0f;
-    const float inv = seen ? 1.0f / l[rr] : 0.0f;
+    const float inv = seen ? __fdividef(1.0f, l[rr]) : 0.0f;  // l >= 1: no IEEE slow path needed
     float* orow = p.o + ((b * p.q_rows + qspan.row0 + rows[rr]) * p.heads + h) * D + 2 * quad_lane;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)

@@ -2,6 +2,7 @@
 """PyTorch's scaled_dot_product_attention with the FlashAttention backend on the shapes of
 ringattn_gpu_bench, timed the same way (CUDA events, warm-up, median), FLOPs counted as SPEC.md
 says (forward 4 B H D x visible pairs, backward 2.5 x that). The yardstick of launch/gpu-check.sh.
+When the flash-attn package is importable, its flash_attn_func is timed too (flash_attn_* keys).
 
   bench_torch_sdpa.py [--json FILE] [--dtype bf16|fp16] [--heads 16] [--batch 1]
                       [--head-dims 64,128] [--lengths 4096,8192,16384,32768] [--causal both|yes|no]
@@ -52,6 +53,13 @@ def bench(args):
                 times.append(start.elapsed_time(stop))
         return statistics.median(times)
 
+    try:
+        from flash_attn import flash_attn_func
+    except Exception:  # not installed, or built for another torch/CUDA
+        flash_attn_func = None
+    if flash_attn_func is not None:
+        print("# flash-attn importable: timed too (flash_attn_* keys)")
+
     points = []
 
     def write_json():  # after every point, so that a run stopped by a timeout keeps its results
@@ -87,6 +95,21 @@ def bench(args):
                     point.update(forward_ms=fwd_ms, forward_tflops=flops / (fwd_ms * 1e-3) / 1e12,
                                  backward_ms=bwd_ms,
                                  backward_tflops=2.5 * flops / (bwd_ms * 1e-3) / 1e12 if bwd_ms else 0.0)
+                    if flash_attn_func is not None:  # (B, L, H, D) layout
+                        qf, kf, vf, dof = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
+                        with torch.no_grad():
+                            fa_fwd = timed(lambda: flash_attn_func(qf, kf, vf, causal=causal))
+                        qg, kg, vg = (t.detach().requires_grad_(True) for t in (qf, kf, vf))
+                        out = flash_attn_func(qg, kg, vg, causal=causal)
+
+                        def fa_backward():
+                            qg.grad = kg.grad = vg.grad = None
+                            out.backward(dof, retain_graph=True)
+
+                        fa_bwd = 0.0 if args.no_backward else timed(fa_backward)
+                        point.update(flash_attn_forward_tflops=flops / (fa_fwd * 1e-3) / 1e12,
+                                     flash_attn_backward_tflops=2.5 * flops / (fa_bwd * 1e-3) / 1e12 if fa_bwd else 0.0)
+                        del out, qg, kg, vg, qf, kf, vf, dof
                 except RuntimeError as e:  # e.g. no flash kernel for this shape or GPU
                     point["error"] = str(e).splitlines()[0]
                 points.append(point)
@@ -132,10 +155,14 @@ def compare(args):
                "ours_backward_tflops": p.get("backward_tflops"), "torch_backward_tflops": t.get("backward_tflops"),
                "ours_forward_ms": p.get("forward_ms"), "torch_forward_ms": t.get("forward_ms"),
                "ours_backward_ms": p.get("backward_ms"), "torch_backward_ms": t.get("backward_ms"),
+               "flash_attn_forward_tflops": t.get("flash_attn_forward_tflops"),
+               "flash_attn_backward_tflops": t.get("flash_attn_backward_tflops"),
                "ours_wrong": p.get("wrong"), "ours_max_abs_err": p.get("max_abs_err")}
         for d in ("forward", "backward"):
             a, b = row[f"ours_{d}_tflops"], row[f"torch_{d}_tflops"]
             row[f"{d}_ratio"] = a / b if a and b else None
+            c = row[f"flash_attn_{d}_tflops"]
+            row[f"{d}_ratio_flash_attn"] = a / c if a and c else None
         if "error" in t:
             row["torch_error"] = t["error"]
         rows.append(row)
