@@ -291,6 +291,7 @@ int run_attention(LaunchContext& ctx) {
   std::optional<CheckReport> check;
   if (job.opt.check) {  // communicates: a failure here ends every rank at once (main's handler)
     CheckTensors t{q.data(), k.data(), v.data(), o, lse, dout.data(), dq, dk, dv};
+    t.bf16_products = job.dtype == DType::bf16;
     if (inputs_on_host)
       t.q = dq_in.as<float>(), t.k = dk_in.as<float>(), t.v = dv_in.as<float>(), t.dout = ddo_in.as<float>();
     check = check_sampled_rows(comm, layout, mask, job.dims, t, job.backward, job.opt.check_rows, job.opt.seed);

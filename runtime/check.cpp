@@ -21,6 +21,9 @@ namespace {
 constexpr double kRelTol = 1e-4;
 constexpr double kScoreRounding = 4.0 * 5.96e-8;  // 4 x fp32 epsilon (2^-24) per unit of |score|
 constexpr double kAbsTol = 1e-6;
+// Rounding P and dS to bf16 moves each term of a gradient by at most 2^-9 of itself (nearest
+// even); twice that, times the sum of |terms|, bounds the error it can add.
+constexpr double kBf16Rounding = 1.0 / 256.0;
 
 using comm::DataType;
 using comm::ReduceOp;
@@ -177,6 +180,7 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   comm.allreduce(dq_terms.data(), dq_terms.size(), DataType::f64, ReduceOp::sum);
   rep.err_dq = owned_error(comm, layout, local.dq, dq.data(), B, rows, H * D, pos);
   rep.tol_dq = tolerance(dq, max_abs(dq_terms), max_score);
+  if (local.bf16_products) rep.tol_dq += kBf16Rounding * max_abs(dq_terms);
 
   // dK, dV of the sampled keys: every rank's queries contribute, with the run's LSE and delta.
   const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, pos);
@@ -207,7 +211,9 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   rep.err_dk = owned_error(comm, layout, local.dk, dk.data(), B, rows, Hkv * D, pos);
   rep.err_dv = owned_error(comm, layout, local.dv, dv.data(), B, rows, Hkv * D, pos);
   rep.tol_dk = tolerance(dk, max_abs(dk_terms), max_score);
+  if (local.bf16_products) rep.tol_dk += kBf16Rounding * max_abs(dk_terms);
   rep.tol_dv = tolerance(dv, max_abs(dv_terms), max_score);
+  if (local.bf16_products) rep.tol_dv += kBf16Rounding * max_abs(dv_terms);
   return rep;
 }
 

@@ -250,6 +250,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
     t.k = host_fp32 ? k_in.as<float>() : k.data();
     t.v = host_fp32 ? v_in.as<float>() : v.data();
     t.dout = host_fp32 ? dout_in.as<float>() : dout.data();
+    t.bf16_products = b.dtype == DType::bf16;
     t.o = host_view(o, copies[0]), t.lse = host_view(lse, copies[1]);
     t.dq = host_view(dq, copies[2]), t.dk = host_view(dk, copies[3]), t.dv = host_view(dv, copies[4]);
     const CheckReport report = check_sampled_rows(comm, layout, mask, dims, t, b.backward, b.opt.check_rows, b.opt.seed);
