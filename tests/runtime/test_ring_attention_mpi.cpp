@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/reference.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/random_inputs.hpp"
@@ -107,14 +108,16 @@ Errors run_and_check(comm::Communicator& comm, const Case& c) {
   std::vector<double> rdq_all(qa.size(), 0.0), rdk_all(ka.size(), 0.0), rdv_all(ka.size(), 0.0);
   kernels::reference_backward(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
                               rl_all.data(), rd_all.data(), mv, rdq_all.data(), rdk_all.data(), rdv_all.data());
-  // The same in plain fp32, for the tolerance baseline.
+  // The same in plain fp32, for the tolerance baseline; bf16 inputs on the bf16 dot-product kernels
+  // round P and dS to bf16 in the backward (FlashAttention-2's contract), and so does the baseline.
   std::vector<float> no_all(qa.size()), nl_all(rl_all.size()), nd_all(rl_all.size());
   kernels::naive_forward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, mv,
                               no_all.data(), nl_all.data());
   kernels::attention_delta(dims, c.L, no_all.data(), da.data(), DType::f32, nd_all.data());
   std::vector<float> ndq_all(qa.size(), 0.0f), ndk_all(ka.size(), 0.0f), ndv_all(ka.size(), 0.0f);
   kernels::naive_backward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                               nl_all.data(), nd_all.data(), mv, ndq_all.data(), ndk_all.data(), ndv_all.data());
+                               nl_all.data(), nd_all.data(), mv, ndq_all.data(), ndk_all.data(), ndv_all.data(),
+                               kernels::cpu_same_precision(c.dtype));
 
   // This rank's rows of (B, L, width) and of LSE (B, H, L).
   auto mine = [&](const auto& full, int64_t width) {
