@@ -37,33 +37,20 @@ void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads) {
 
 UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses) {
   const int P = comm.size(), me = comm.rank();
-  // Each rank's node, by host name; the node order is that of each node's first rank.
-  std::vector<char> names(kHostNameBytes * size_t(P), 0);
-  char mine[kHostNameBytes] = {};
-  gethostname(mine, kHostNameBytes - 1);
-  comm.allgather(mine, names.data(), kHostNameBytes);
-  std::vector<std::string> host(static_cast<size_t>(P));
-  for (int r = 0; r < P; ++r) host[size_t(r)] = std::string(names.data() + kHostNameBytes * size_t(r));
-  std::vector<int> node(static_cast<size_t>(P));
-  std::vector<std::string> nodes;
-  for (int r = 0; r < P; ++r) {
-    auto it = std::find(nodes.begin(), nodes.end(), host[size_t(r)]);
-    node[size_t(r)] = int(it - nodes.begin());
-    if (it == nodes.end()) nodes.push_back(host[size_t(r)]);
-  }
-  std::vector<int> per_node(nodes.size(), 0);
-  for (int r = 0; r < P; ++r) ++per_node[size_t(node[size_t(r)])];
-  const bool by_node = std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n % ulysses == 0; });
-  std::vector<int> order(static_cast<size_t>(P));
-  for (int r = 0; r < P; ++r) order[size_t(r)] = r;
-  if (by_node) std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return node[size_t(a)] < node[size_t(b)]; });
-  const int index = int(std::find(order.begin(), order.end(), me) - order.begin());
-
   UlyssesGroups g;
   g.ulysses = ulysses;
   g.groups = P / ulysses;
-  g.group = index / ulysses;
-  g.member = index % ulysses;
+  g.group = me / ulysses;
+  g.member = me % ulysses;
+  // Does some group span nodes while every node holds whole groups' worth of ranks? Then the
+  // launcher placed ranks round-robin, and the all-to-all crosses the slow link: say so.
+  std::vector<char> names(kHostNameBytes * static_cast<size_t>(P), 0);
+  char mine[kHostNameBytes] = {};
+  gethostname(mine, kHostNameBytes - 1);
+  comm.allgather(mine, names.data(), kHostNameBytes);
+  auto host = [&](int r) { return std::string(names.data() + kHostNameBytes * static_cast<size_t>(r)); };
+  for (int r = 0; r < P; ++r)
+    if (host(r) != host(r - r % ulysses)) g.groups_span_nodes = true;
   g.group_comm = comm.split(g.group, g.member);
   g.ring_comm = comm.split(g.member, g.group);
   return g;
@@ -76,11 +63,10 @@ UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& b
       options_(options),
       groups_((check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
                make_ulysses_groups(comm, ulysses))),
-      group_layout_(layout, seq_len, groups_.groups),
-      group_rows_(group_layout_.rows(groups_.group)) {
-  const int64_t begin = member_begin(groups_.member), end = begin + member_rows(groups_.member);
-  positions_.reserve(size_t(end - begin));
-  for (int64_t r = begin; r < end; ++r) positions_.push_back(group_layout_.position(groups_.group, r));
+      layout_(layout, seq_len, comm.size(), ulysses),
+      group_layout_(layout_.group_layout()),
+      group_rows_(group_layout_.rows(groups_.group)),
+      positions_(layout_.positions(comm.rank())) {
   local_dims_ = options.dims;
   local_dims_.heads = options.dims.heads / ulysses;
   local_dims_.kv_heads = kv_heads(0).count;
@@ -100,7 +86,7 @@ UlyssesAttention::HeadSlice UlyssesAttention::kv_heads(int j) const {
   return {j / (U / Hkv), 1};  // replicated: members j with the same j / (U / Hkv) share a head
 }
 
-int64_t UlyssesAttention::member_begin(int j) const { return ulysses_member_begin(group_rows_, groups_.ulysses, j); }
+int64_t UlyssesAttention::member_begin(int j) const { return group_rows_ * j / groups_.ulysses; }  // as ShardLayout
 int64_t UlyssesAttention::member_rows(int j) const { return member_begin(j + 1) - member_begin(j); }
 
 void UlyssesAttention::exchange(const std::vector<uint8_t>& send, const std::vector<size_t>& send_bytes,

@@ -1,16 +1,18 @@
 // Hybrid sequence parallelism (SPEC.md "Hybrid parallelism", --ulysses U): DeepSpeed-Ulysses'
 // all-to-all inside groups of U ranks, the ring across the P/U groups.
 //
-// Groups. The P ranks form G = P/U groups of U consecutive ranks, in node order: ranks are
-// ordered by their node (the first rank seen on it) and then by rank, so a group never spans
-// two nodes when every node holds a multiple of U ranks (then the all-to-all stays on the fast
-// intra-node link); otherwise groups are consecutive ranks. Member u of group g is the u-th
-// rank of the group.
+// Groups. The P ranks form G = P/U groups of U consecutive ranks: group g is ranks gU .. gU + U - 1
+// and member u of it is rank gU + u. Launchers place consecutive ranks on one node (Open MPI's
+// default --map-by slot/core, Slurm's block distribution), so with nodes of a multiple of U ranks
+// a group is the ranks of one node and the all-to-all stays on the fast intra-node link.
+// (Consecutive ranks rather than MPI_Comm_split_type: the layout, the --check and the output
+// files then know every rank's rows from its rank alone.) groups_span_nodes says when a group
+// crosses nodes (e.g. round-robin placement), for a warning.
 //
-// Sharding. The sequence is laid out over the G groups by the layout (zigzag etc., so the load
-// balance of the ring holds: ShardLayout(kind, L, G)); inside group g, member u holds the u-th
-// of U nearly equal consecutive parts of the group's rows (in the group's row order). positions()
-// gives this rank's global positions; its q, k, v, dout are (B, rows, H or Hkv, D) in that order.
+// Sharding (ShardLayout with ulysses U). The sequence is laid out over the G groups by the
+// layout (zigzag etc., so the load balance of the ring holds); inside group g, member u holds the
+// u-th of U nearly equal consecutive parts of the group's rows. positions() gives this rank's
+// global positions; its q, k, v, dout are (B, rows, H or Hkv, D) in that order.
 //
 // Forward. An all-to-all inside the group turns each member's (B, rows, H, D) into
 // (B, group rows, H/U, D): member u receives heads [u H/U, (u+1) H/U) of every row of the group;
@@ -41,16 +43,12 @@ namespace ringattn {
 // ranks P, the heads H not divisible by U, or Hkv neither a multiple nor a divisor of U.
 void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads);
 
-// Member u's rows of a group holding `group_rows`: [begin(u), begin(u + 1)).
-inline int64_t ulysses_member_begin(int64_t group_rows, int ulysses, int member) {
-  return group_rows * member / ulysses;
-}
-
 // The groups of `comm` (collective over it): this rank's group and member index, the
 // communicator of its group (U ranks, ordered by member) and that of its ring (G ranks, one per
 // group, ordered by group).
 struct UlyssesGroups {
   int ulysses = 1, groups = 1, group = 0, member = 0;
+  bool groups_span_nodes = false;
   std::unique_ptr<comm::Communicator> group_comm, ring_comm;
 };
 UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses);
@@ -69,7 +67,9 @@ class UlyssesAttention {
   comm::Communicator& ring_comm() { return *groups_.ring_comm; }
   // The ring across groups (H/U heads, the group's rows).
   RingAttention& ring() { return *ring_; }
-  const ShardLayout& group_layout() const { return group_layout_; }
+  const ShardLayout& layout() const { return layout_; }              // over the P ranks
+  const ShardLayout& group_layout() const { return group_layout_; }  // over the G groups
+  bool groups_span_nodes() const { return groups_.groups_span_nodes; }
 
   int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
   const std::vector<int64_t>& positions() const { return positions_; }
@@ -120,6 +120,7 @@ class UlyssesAttention {
   AttentionBackend& backend_;
   RingOptions options_;
   UlyssesGroups groups_;
+  ShardLayout layout_;
   ShardLayout group_layout_;
   int64_t group_rows_;
   std::vector<int64_t> positions_;
