@@ -12,6 +12,7 @@
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
 
@@ -45,6 +46,7 @@ po::options_description describe_attention_options(Options& o) {
   po::options_description run("Execution");
   add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, &o.backend, &o.comm, &o.threads, &o.timeout,
                          &o.emulate_bandwidth, &o.emulate_latency});
+  add_hybrid_options(run, &o.ulysses, &o.emulate_intra_bandwidth, &o.emulate_intra_latency);
   run.add_options()
       ("iters", po::value(&o.iters)->default_value(1)->value_name("N"), "timed repetitions (the median is reported)")
       ("warmup", po::value(&o.warmup)->default_value(0)->value_name("N"), "untimed repetitions first")
@@ -210,6 +212,14 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     throw UsageError("--emulate-bandwidth must be a positive number of GB/s (0 = off)");
   if (!(o.emulate_latency >= 0) || !std::isfinite(o.emulate_latency))
     throw UsageError("--emulate-latency must be a positive number of microseconds (0 = off)");
+  if (!(o.emulate_intra_bandwidth >= 0) || !std::isfinite(o.emulate_intra_bandwidth))
+    throw UsageError("--emulate-intra-bandwidth must be a positive number of GB/s (0 = off)");
+  if (!(o.emulate_intra_latency >= 0) || !std::isfinite(o.emulate_intra_latency))
+    throw UsageError("--emulate-intra-latency must be a positive number of microseconds (0 = off)");
+  check_ulysses(o.ulysses, P, H, Hkv);
+  if (o.ulysses == 1 && (o.emulate_intra_bandwidth > 0 || o.emulate_intra_latency > 0))
+    throw UsageError("--emulate-intra-bandwidth/--emulate-intra-latency emulate the link inside --ulysses groups: "
+                     "they need --ulysses 2 or more");
   if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
   refuse_unused_options(o, vm, job.files, job.backward);
   refuse_unwritable_outputs({{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv},

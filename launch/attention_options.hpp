@@ -36,6 +36,8 @@ struct Options {
   double timeout = 300.0;
   bool progress = false;
   double emulate_bandwidth = 0.0, emulate_latency = 0.0;
+  int ulysses = 1;  // hybrid parallelism: all-to-all inside groups of U ranks, the ring across
+  double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;
 };
 
 // Every option, with its default, bound to `o`.

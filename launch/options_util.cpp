@@ -144,4 +144,20 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
         "MPI: add this latency to every transfer (microseconds)");
 }
 
+void add_hybrid_options(po::options_description& desc, int* ulysses, double* emulate_intra_bandwidth,
+                        double* emulate_intra_latency) {
+  auto add = desc.add_options();
+  if (ulysses)
+    add("ulysses", po::value(ulysses)->default_value(1)->value_name("U"),
+        "hybrid parallelism: groups of U consecutive ranks swap sequence for heads by all-to-all "
+        "(DeepSpeed-Ulysses), the ring runs across the P/U groups (U divides P and the heads; 1 = ring only)");
+  if (emulate_intra_bandwidth)
+    add("emulate-intra-bandwidth", po::value(emulate_intra_bandwidth)->default_value(0.0)->value_name("GBPS"),
+        "MPI, --ulysses > 1: the link inside a group (the all-to-all), as --emulate-bandwidth is the ring's "
+        "link between groups (GB/s, 0 = off)");
+  if (emulate_intra_latency)
+    add("emulate-intra-latency", po::value(emulate_intra_latency)->default_value(0.0)->value_name("US"),
+        "MPI, --ulysses > 1: latency of the link inside a group (microseconds)");
+}
+
 }  // namespace ringattn
