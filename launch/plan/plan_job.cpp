@@ -15,6 +15,7 @@
 #include "launch/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
 #include "launch/plan/calibration.hpp"
+#include "launch/plan/hybrid_report.hpp"
 #include "runtime/errors.hpp"
 
 namespace po = boost::program_options;
@@ -50,6 +51,7 @@ struct PlanOptions {
   double tolerance = 0.15;
   bool check = false;
   double machine_bandwidth = 0.0, machine_latency = 0.0;
+  std::string ulysses;  // hybrid degrees to compare ("auto": 1, 2, 4, ...)
 };
 
 // Cluster flags: applied over --cluster FILE (or the default cluster) when given.
@@ -109,7 +111,9 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of BigBird masks")
       ("layouts", po::value(&o.layouts)->default_value("contiguous,zigzag,striped"), "layouts to compare")
       ("schedules", po::value(&o.schedules)->default_value("direct,ring"), "schedules to compare")
-      ("forward-only", po::bool_switch(&o.forward_only), "inference: forward passes only");
+      ("forward-only", po::bool_switch(&o.forward_only), "inference: forward passes only")
+      ("ulysses", po::value(&o.ulysses)->value_name("U1,U2,...|auto"),
+       "also predict the hybrid (all-to-all inside groups of U ranks, the ring across) and recommend U");
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description cal("Calibration on this machine");
@@ -330,7 +334,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     cluster_given = cluster_given || given(vm, flag);
   bool workload_given = false;
   for (const char* flag : {"ranks", "seq-len", "batch", "heads", "kv-heads", "head-dim", "dtype", "causal", "window",
-                           "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only"})
+                           "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only", "ulysses"})
     workload_given = workload_given || given(vm, flag);
   if (!machine || cluster_given || workload_given) {
     const ClusterSpec cluster = machine && !cluster_given ? *machine : load_cluster(o, f, vm);
@@ -355,6 +359,18 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     if (layouts.empty() || schedules.empty()) throw UsageError("--layouts and --schedules need at least one entry");
     out["cluster"] = cluster_json(cluster);
     out["projection"] = print_projection(cluster, w, mask, ranks, layouts, schedules);
+    if (!o.ulysses.empty()) {
+      std::vector<int> degrees;
+      if (o.ulysses != "auto")
+        for (int64_t U : parse_int_list(o.ulysses, "--ulysses")) {
+          if (U < 1) throw UsageError("--ulysses " + o.ulysses + ": degrees must be at least 1");
+          degrees.push_back(static_cast<int>(U));
+        }
+      // The hybrid's ring: the one layout given, else zigzag for causal masks (balanced), else contiguous.
+      w.layout = layouts.size() == 1 ? layouts[0] : (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous);
+      w.schedule = schedules[0];
+      out["hybrid"] = print_hybrid_projection(cluster, w, mask, ranks, degrees);
+    }
   }
 
   if (!o.json.empty()) write_text_file(o.json, "--json", out.dump() + "\n");
