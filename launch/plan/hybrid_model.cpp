@@ -17,13 +17,15 @@ bool ulysses_fits(int ulysses, int ranks, int64_t heads, int64_t kv_heads) {
 }
 
 double alltoall_seconds(const ClusterSpec& c, const Workload& w, int ranks, int ulysses, int64_t slice_heads,
-                        int64_t elem, int64_t width_d) {
+                        int64_t elem, int64_t width_d, const LinkSpec* group_link) {
   if (ulysses <= 1) return 0.0;
   const double rows = double(w.seq_len) / ranks;
   const double message = double(w.batch) * rows * double(slice_heads * width_d * elem);
   const double sent = (ulysses - 1) * message;
   LinkSpec link = c.intra;
-  if (!group_in_node(c, ulysses)) {  // the node's ranks all exchange at once over its links
+  if (group_link) {
+    link = *group_link;
+  } else if (!group_in_node(c, ulysses)) {  // the node's ranks all exchange at once over its links
     link = c.inter;
     link.gbps = std::min(c.inter.gbps / c.inter_links, c.inter.gbps / std::max(1, c.ranks_per_node));
   }
@@ -33,7 +35,8 @@ double alltoall_seconds(const ClusterSpec& c, const Workload& w, int ranks, int 
   return t;
 }
 
-HybridPrediction predict_hybrid(const ClusterSpec& c, const Workload& w, const MaskView& mask, int ranks, int ulysses) {
+HybridPrediction predict_hybrid(const ClusterSpec& c, const Workload& w, const MaskView& mask, int ranks, int ulysses,
+                                const LinkSpec* group_link) {
   HybridPrediction h;
   h.ulysses = ulysses;
   Workload ring_work = w;
@@ -52,7 +55,7 @@ HybridPrediction predict_hybrid(const ClusterSpec& c, const Workload& w, const M
   if (ulysses == 1) return h;
   const int64_t D = w.head_dim, q_slice = w.heads / ulysses, kv = kv_slice(w, ulysses);
   auto a2a = [&](int64_t slice, int64_t elem, int64_t width) {
-    return alltoall_seconds(c, w, ranks, ulysses, slice, elem, width);
+    return alltoall_seconds(c, w, ranks, ulysses, slice, elem, width, group_link);
   };
   h.a2a_forward_seconds = a2a(q_slice, w.dtype_bytes, D) + 2 * a2a(kv, w.dtype_bytes, D) + a2a(q_slice, 4, D) +
                           a2a(q_slice, 4, 1);

@@ -43,9 +43,11 @@ bool ulysses_fits(int ulysses, int ranks, int64_t heads, int64_t kv_heads);
 
 // Seconds of one all-to-all on this cluster; `slice_heads` heads of `elem` bytes per member.
 double alltoall_seconds(const ClusterSpec& c, const Workload& w, int ranks, int ulysses, int64_t slice_heads,
-                        int64_t elem, int64_t width_d);
+                        int64_t elem, int64_t width_d, const LinkSpec* group_link = nullptr);
 
+// group_link: the link inside groups when it is not the cluster's (link emulation on one machine,
+// where each rank has its own emulated ports: --emulate-intra-* inside groups).
 HybridPrediction predict_hybrid(const ClusterSpec& cluster, const Workload& w, const MaskView& mask, int ranks,
-                                int ulysses);
+                                int ulysses, const LinkSpec* group_link = nullptr);
 
 }  // namespace ringattn

@@ -285,6 +285,9 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads,
       mp.backward_mean_s = p.number_or("backward_mean_s", mp.backward_s);
       mp.backward_wait_s = p.number_or("backward_wait_s", 0.0);
       mp.exposed_fraction = p.number_or("exposed_comm_fraction", 0.0);
+      mp.ulysses = static_cast<int>(p.number_or("ulysses", 1));
+      mp.group_link = LinkSpec{p.number_or("emulate_intra_bandwidth_gbps", 0.0), p.number_or("emulate_intra_latency_us", 0.0)};
+      mp.group_emulated = mp.group_link.gbps > 0 || mp.group_link.latency_us > 0;
       out.push_back(std::move(mp));
     }
   }
@@ -305,9 +308,12 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
   if (!o.calibrate.empty()) {
     int threads = 0;
     std::vector<std::string> skipped;
-    const std::vector<MeasuredPoint> fit_points = load_points(o.calibrate, &threads, skipped);
+    std::vector<MeasuredPoint> fit_points = load_points(o.calibrate, &threads, skipped);
+    // The fit is the ring's; hybrid points (--ulysses > 1) are only compared.
+    std::vector<MeasuredPoint> all_points = fit_points;
+    std::erase_if(fit_points, [](const MeasuredPoint& p) { return p.ulysses > 1; });
     const std::vector<MeasuredPoint> check_points =
-        o.validate.empty() ? fit_points : load_points(o.validate, &threads, skipped);
+        o.validate.empty() ? all_points : load_points(o.validate, &threads, skipped);
     if (fit_points.empty()) throw UsageError("--calibrate " + o.calibrate + ": no usable points");
     ClusterSpec start;
     start.name = "this machine (calibrated)";
