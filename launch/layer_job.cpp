@@ -48,6 +48,7 @@ struct Options {
   std::string layout, schedule = "direct", dtype = "fp32";
   int threads = 0;
   double timeout = 300.0;
+  int ulysses = 1;
 };
 
 // One option per line, as --help lists them.
@@ -100,6 +101,7 @@ po::options_description describe(Options& o) {
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
   add_ring_options(run, {&o.layout, &o.schedule, &o.dtype, nullptr, nullptr, &o.threads, &o.timeout});
+  add_hybrid_options(run, &o.ulysses, nullptr, nullptr);
   run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
@@ -200,6 +202,7 @@ LayerJob resolve(const Options& o, const po::variables_map& vm, const LaunchCont
   c.threads = o.threads ? o.threads : ctx.default_threads();
   job.layout = layout_option(o.layout, o.mask.causal);
   c.validate();
+  check_ulysses(o.ulysses, ctx.world.size(), c.heads, c.kv_heads);
   if (c.seq_len < ctx.world.size())
     throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +
                      std::to_string(ctx.world.size()));
@@ -242,7 +245,7 @@ int run_layer(LaunchContext& ctx) {
   }
   const Options& o = job.opt;
   const LayerConfig& c = job.config;
-  const ShardLayout layout(job.layout, c.seq_len, P);
+  const ShardLayout layout(job.layout, c.seq_len, P, o.ulysses);
   Mask mask;
   agreed_phase(comm, [&] {
     mask = build_mask(o.mask, c.seq_len, o.seed);

@@ -42,6 +42,7 @@ UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses) {
   g.groups = P / ulysses;
   g.group = me / ulysses;
   g.member = me % ulysses;
+  if (ulysses == 1) return g;  // the plain ring: no group communicators
   // Does some group span nodes while every node holds whole groups' worth of ranks? Then the
   // launcher placed ranks round-robin, and the all-to-all crosses the slow link: say so.
   std::vector<char> names(kHostNameBytes * static_cast<size_t>(P), 0);
@@ -72,7 +73,7 @@ UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& b
   local_dims_.kv_heads = kv_heads(0).count;
   RingOptions ring_options = options;
   ring_options.dims = local_dims_;
-  ring_ = std::make_unique<RingAttention>(*groups_.ring_comm, backend, group_layout_, mask, ring_options);
+  ring_ = std::make_unique<RingAttention>(ring_comm(), backend, group_layout_, mask, ring_options);
 }
 
 UlyssesAttention::HeadSlice UlyssesAttention::query_heads(int j) const {
@@ -256,6 +257,8 @@ void UlyssesAttention::lse_to_rows(const float* x, float* out) {
 }
 
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
+  ring_->on_step = on_step;
+  if (groups_.ulysses == 1) return ring_->forward(q, k, v, o, lse);
   const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
@@ -282,6 +285,8 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
 
 PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
                                      const void* dout, float* dq, float* dk, float* dv) {
+  ring_->on_step = on_step;
+  if (groups_.ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
   const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;

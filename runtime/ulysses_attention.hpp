@@ -53,6 +53,8 @@ struct UlyssesGroups {
 };
 UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses);
 
+// With U = 1 it is the plain RingAttention over `comm` (no copies, no all-to-all), so that jobs
+// hold one kind of object whatever --ulysses says.
 class UlyssesAttention {
  public:
   // `options.dims` are the whole problem's (H, Hkv heads); check_ulysses must hold. The groups'
@@ -63,8 +65,9 @@ class UlyssesAttention {
   int ulysses() const { return groups_.ulysses; }
   int group() const { return groups_.group; }
   int member() const { return groups_.member; }
-  comm::Communicator& group_comm() { return *groups_.group_comm; }
-  comm::Communicator& ring_comm() { return *groups_.ring_comm; }
+  // With U = 1 there is no group communicator (nullptr) and the ring runs over `comm` itself.
+  comm::Communicator* group_comm() { return groups_.group_comm.get(); }
+  comm::Communicator& ring_comm() { return groups_.group_comm ? *groups_.ring_comm : comm_; }
   // The ring across groups (H/U heads, the group's rows).
   RingAttention& ring() { return *ring_; }
   const ShardLayout& layout() const { return layout_; }              // over the P ranks
@@ -89,8 +92,8 @@ class UlyssesAttention {
   PassStats backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
                      const void* dout, float* dq, float* dk, float* dv);
 
-  // Called after each ring step of a pass with (steps done, steps in all).
-  void set_on_step(std::function<void(int, int)> f) { ring_->on_step = std::move(f); }
+  // Called after each ring step of a pass with (steps done, steps in all); for --progress.
+  std::function<void(int, int)> on_step;
 
  private:
   // Which heads member j gets of a tensor with `heads` heads: [first, first + count).

@@ -2,7 +2,8 @@
 """`ringattn attention --ulysses U` end to end: at 4 ranks, U = 2 and 4 write the same O, LSE, dQ, dK,
 dV files as --ulysses 1 (the plain ring) to fp32 rounding (causal zigzag with a window, GQA with
 Hkv < U), report their all-to-all traffic in the JSON, and a U that does not divide P or H is
-refused with exit 2 naming both values. Usage: ulysses_matches_ring.py BUILD_DIR [MPIEXEC...]
+refused with exit 2 naming both values; `ringattn layer --demo --ulysses U` trains to the same losses.
+Usage: ulysses_matches_ring.py BUILD_DIR [MPIEXEC...]
 """
 import json
 import os
@@ -52,6 +53,23 @@ def main():
             r = run(tmp, ["--ulysses", str(u)], heads, heads)
             if r.returncode != 2 or not all(w in r.stderr for w in words):
                 failures.append(f"--ulysses {u} --heads {heads}: exit {r.returncode}, stderr {r.stderr[:300]!r}")
+        # The layer: a few demo training steps give the same loss curve whatever U.
+        losses = {}
+        for u in (1, 2, 4):
+            cmd = MPIEXEC + ["-np", str(RANKS), os.path.join(BUILD, "ringattn"), "layer", "--demo", "--causal",
+                             "--steps", "4", "--threads", "1", "--ulysses", str(u)]
+            r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240)
+            line = [l for l in r.stdout.splitlines() if l.strip().startswith("loss ")]
+            if r.returncode != 0 or not line:
+                failures.append(f"layer --ulysses {u}: exit {r.returncode}, {r.stderr[:300]!r}")
+                continue
+            words = line[0].split()
+            losses[u] = (float(words[1]), float(words[3]))
+        for u in (2, 4):
+            if u in losses and 1 in losses:
+                for a, b in zip(losses[u], losses[1]):
+                    if abs(a - b) > 1e-4 * abs(b):
+                        failures.append(f"layer --ulysses {u}: loss {losses[u]} differs from --ulysses 1 {losses[1]}")
     for f in failures:
         print("FAIL", f)
     print("ok" if not failures else f"{len(failures)} failures")
