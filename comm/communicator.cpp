@@ -39,4 +39,28 @@ void Communicator::wait_step(StepHandle& step, const std::string& what) {
   wait_all(requests, what);
 }
 
+void Communicator::alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                             std::span<const size_t> recv_bytes) {
+  const int n = size();
+  if (send_bytes.size() != size_t(n) || recv_bytes.size() != size_t(n))
+    throw CommError("rank " + std::to_string(rank()) + ": alltoallv given " + std::to_string(send_bytes.size()) +
+                    " send and " + std::to_string(recv_bytes.size()) + " receive sizes for a communicator of " +
+                    std::to_string(n) + " ranks");
+  std::vector<Request> requests;
+  requests.reserve(2 * size_t(n));
+  // Receives first, so no send waits for its receive to be posted; empty blocks are not sent.
+  size_t offset = 0;
+  for (int i = 0; i < n; ++i) {
+    if (recv_bytes[i] > 0) requests.push_back(irecv(static_cast<char*>(recv) + offset, recv_bytes[i], i, kAlltoallTag));
+    offset += recv_bytes[i];
+  }
+  offset = 0;
+  for (int j = 0; j < n; ++j) {
+    if (send_bytes[j] > 0)
+      requests.push_back(isend(static_cast<const char*>(send) + offset, send_bytes[j], j, kAlltoallTag));
+    offset += send_bytes[j];
+  }
+  wait_all(requests, "alltoallv");
+}
+
 }  // namespace ringattn::comm

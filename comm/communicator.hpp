@@ -122,6 +122,16 @@ class Communicator {
   // reduction over ranks of block r.
   virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
                               ReduceOp op) = 0;
+  // All-to-all with per-peer sizes (DeepSpeed-Ulysses' sequence-for-head swap): send holds
+  // size() consecutive blocks, block j of send_bytes[j] bytes going to rank j; recv receives
+  // them in rank order, block i of recv_bytes[i] bytes from rank i. recv_bytes[i] on this rank
+  // must equal send_bytes[this rank] on rank i. The buffers must not overlap.
+  // This default posts every receive and send on point-to-point tag kAlltoallTag and waits for
+  // them (bounded by the timeout, link emulation applies); communicators with a native
+  // all-to-all override it.
+  static constexpr int kAlltoallTag = 32766;
+  virtual void alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                         std::span<const size_t> recv_bytes);
   virtual void barrier() = 0;
   // Ends every rank of the job now with this exit code.
   [[noreturn]] virtual void abort(int exit_code) = 0;

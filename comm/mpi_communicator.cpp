@@ -408,6 +408,39 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<con
   finish_collective(req, "reduce_scatter (" + reduction_text(counts[rank_], type, op) + " to this rank)");
 }
 
+void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                                std::span<const size_t> recv_bytes) {
+  check_thread("alltoallv");
+  check_per_rank(send_bytes.size(), "alltoallv");
+  check_per_rank(recv_bytes.size(), "alltoallv");
+  size_t send_total = 0, recv_total = 0;
+  for (int r = 0; r < size_; ++r) send_total += send_bytes[r], recv_total += recv_bytes[r];
+  if (link_.active() || send_total > size_t(INT_MAX) || recv_total > size_t(INT_MAX)) {
+    Communicator::alltoallv(send, send_bytes, recv, recv_bytes);
+    return;
+  }
+  // Members, not locals: MPI may read them until the operation completes (see allgatherv).
+  counts_.resize(size_);
+  displacements_.resize(size_);
+  send_counts_.resize(size_);
+  send_displacements_.resize(size_);
+  size_t send_offset = 0, recv_offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    send_counts_[r] = int(send_bytes[r]);
+    send_displacements_[r] = int(send_offset);
+    counts_[r] = int(recv_bytes[r]);
+    displacements_[r] = int(recv_offset);
+    send_offset += send_bytes[r];
+    recv_offset += recv_bytes[r];
+  }
+  MPI_Request req;
+  check(MPI_Ialltoallv(send, send_counts_.data(), send_displacements_.data(), MPI_BYTE, recv, counts_.data(),
+                       displacements_.data(), MPI_BYTE, comm_, &req),
+        "MPI_Ialltoallv");
+  finish_collective(req, "alltoallv (" + std::to_string(send_total) + " bytes sent, " + std::to_string(recv_total) +
+                             " received)");
+}
+
 void MpiCommunicator::barrier() {
   check_thread("barrier");
   bounded_barrier("barrier");

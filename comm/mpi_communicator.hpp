@@ -110,6 +110,10 @@ class MpiCommunicator : public Communicator {
   void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
   void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
                       ReduceOp op) override;
+  // MPI_Ialltoallv; the point-to-point default (Communicator::alltoallv) under link emulation,
+  // so that the emulated link delays it, and when a size or offset exceeds MPI's int.
+  void alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                 std::span<const size_t> recv_bytes) override;
   void barrier() override;
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
@@ -170,6 +174,7 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
   std::vector<int> counts_, displacements_;  // arguments of the v-collectives
+  std::vector<int> send_counts_, send_displacements_;  // alltoallv's send side
   std::unique_ptr<RollCall> roll_call_;      // on its own duplicate of comm_
 };
 

@@ -28,6 +28,7 @@
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
+#include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
 
@@ -151,7 +152,7 @@ int run_attention(LaunchContext& ctx) {
   std::vector<int64_t> pos;
   Mask mask, ring_mask;
   agreed_phase(comm, [&] {
-    layout_storage.emplace(job.layout, job.seq_len, P);
+    layout_storage.emplace(job.layout, job.seq_len, P, job.opt.ulysses);
     pos = layout_storage->positions(rank);
     mask = build_mask(job.opt.mask, job.seq_len, job.opt.seed);
     ring_mask = test_fault.ring_mask(mask);
@@ -216,8 +217,11 @@ int run_attention(LaunchContext& ctx) {
       if (!note.empty()) std::fprintf(stderr, "ringattn: note: %s\n", note.c_str());
 
   ring_comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
-  RingAttention ring(ring_comm, *backend, layout, ring_mask,
-                     RingOptions{test_fault.ring_dims(job.dims), job.dtype, job.schedule});
+  // --ulysses U > 1: the ring runs across groups, an all-to-all inside them (U = 1: the ring alone).
+  UlyssesAttention ring(ring_comm, *backend, job.layout, job.seq_len, ring_mask,
+                        RingOptions{test_fault.ring_dims(job.dims), job.dtype, job.schedule}, job.opt.ulysses);
+  if (comm::Communicator* group = ring.group_comm())  // the group's link; the ring's is the one between groups
+    group->set_link_emulation(comm::LinkEmulation{job.opt.emulate_intra_bandwidth, job.opt.emulate_intra_latency});
   DeviceBuffer o_buf(*backend, sizeof(float) * static_cast<size_t>(B * rows * H * D));
   DeviceBuffer lse_buf(*backend, sizeof(float) * static_cast<size_t>(B * H * rows));
   DeviceBuffer dq_buf, dk_buf, dv_buf;
@@ -230,7 +234,7 @@ int run_attention(LaunchContext& ctx) {
   // Timed passes. Per iteration the job's time is the slowest rank's.
   std::vector<double> fwd_times, bwd_times;
   double wait_fraction_sum = 0.0, wait_fraction_max = 0.0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0, a2a_bytes_sent = 0;
   {
     std::vector<double> weights;
     for (int it = 0; it < job.opt.warmup + job.opt.iters; ++it) {
@@ -268,6 +272,9 @@ int run_attention(LaunchContext& ctx) {
           uint64_t sent = f.bytes_sent;
           comm.allreduce(&sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
           bytes_sent = sent;
+          uint64_t a2a = ring.a2a_bytes_sent();
+          comm.allreduce(&a2a, 1, comm::DataType::i64, comm::ReduceOp::sum);
+          a2a_bytes_sent = a2a;
         }
         if (!job.backward) continue;
         stage = "before the backward pass" + repetition;
@@ -356,6 +363,7 @@ int run_attention(LaunchContext& ctx) {
     if (job.execution.backend == "cpu") j["isa"] = kernels::cpu_isa();
     j["iters"] = job.opt.iters;
     if (job.backward) j["gflops_per_rank_backward"] = rate_per_rank(2.5 * flops, bwd_s, P);
+    j["a2a_bytes_sent"] = a2a_bytes_sent;
     j["exposed_comm_fraction_max"] = wait_fraction_max;
     if (check) {
       j["check_passed"] = check->passed();
@@ -389,6 +397,8 @@ int run_attention(LaunchContext& ctx) {
     std::printf("  comm      forward K/V sent %s, needed %s", human_bytes(double(bytes_sent)).c_str(),
                 human_bytes(double(needed)).c_str());
     if (needed > 0) std::printf(" (%.2fx)", double(bytes_sent) / double(needed));
+    if (job.opt.ulysses > 1)
+      std::printf("; all-to-all (--ulysses %d) sent %s", job.opt.ulysses, human_bytes(double(a2a_bytes_sent)).c_str());
     std::printf("; exposed %.1f%% of forward\n", 100.0 * wait_fraction_sum / job.opt.iters);
     std::printf("  memory    peak %s per rank (max)\n", human_bytes(double(rss)).c_str());
     if (check)

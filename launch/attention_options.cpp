@@ -12,6 +12,7 @@
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/options_util.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
 
@@ -44,6 +45,7 @@ po::options_description describe_attention_options(Options& o) {
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
   add_ring_options(run, o.fields());
+  add_hybrid_options(run, &o.ulysses, &o.emulate_intra_bandwidth, &o.emulate_intra_latency);
   run.add_options()
       ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 when they differ)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows sampled by --check")
@@ -200,6 +202,14 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
   check_execution_options(o);
   if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   if (!(o.scale >= 0) || !std::isfinite(o.scale)) throw UsageError("--scale must be a positive number (or 0 for 1/sqrt(D))");
+  if (!(o.emulate_intra_bandwidth >= 0) || !std::isfinite(o.emulate_intra_bandwidth))
+    throw UsageError("--emulate-intra-bandwidth must be a positive number of GB/s (0 = off)");
+  if (!(o.emulate_intra_latency >= 0) || !std::isfinite(o.emulate_intra_latency))
+    throw UsageError("--emulate-intra-latency must be a positive number of microseconds (0 = off)");
+  check_ulysses(o.ulysses, P, H, Hkv);
+  if (o.ulysses == 1 && (o.emulate_intra_bandwidth > 0 || o.emulate_intra_latency > 0))
+    throw UsageError("--emulate-intra-bandwidth/--emulate-intra-latency emulate the link inside --ulysses groups: "
+                     "they need --ulysses 2 or more");
   if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
   refuse_unused_options(o, vm, job.files, job.backward);
   refuse_unwritable_outputs({{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv},

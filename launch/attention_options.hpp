@@ -33,6 +33,8 @@ struct Options : ExecutionOptions {
   bool check_finite = false, no_check_finite = false;
   std::string json;
   bool progress = false;
+  int ulysses = 1;  // hybrid parallelism: all-to-all inside groups of U ranks, the ring across
+  double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;
 };
 
 // Every option, with its default, bound to `o`.

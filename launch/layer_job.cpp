@@ -52,6 +52,7 @@ struct Options : ExecutionOptions {
   int64_t seq_len = 1024, batch = 1, d_model = 128;
   double demo_change = 0.5;
   MaskOptions mask;
+  int ulysses = 1;
 };
 
 // One option per line, as --help lists them.
@@ -131,6 +132,7 @@ po::options_description describe(Options& o) {
   fields.emulate_bandwidth = fields.emulate_latency = nullptr;
   fields.iters = fields.warmup = nullptr;
   add_ring_options(run, fields);
+  add_hybrid_options(run, &o.ulysses, nullptr, nullptr);
   run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
@@ -288,6 +290,7 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
   c.threads = o.threads ? o.threads : ctx.default_threads();
   job.layout = layout_option(o.layout, o.mask.causal);
   c.validate();
+  check_ulysses(o.ulysses, ctx.world.size(), c.heads, c.kv_heads);
   if (c.seq_len < ctx.world.size())
     throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +
                      std::to_string(ctx.world.size()));
@@ -336,7 +339,7 @@ int run_layer(LaunchContext& ctx) {
   report_thread_binding(comm, job.config.threads, job.opt.threads > 0, ctx);
   const Options& o = job.opt;
   const LayerConfig& c = job.config;
-  const ShardLayout layout(job.layout, c.seq_len, P);
+  const ShardLayout layout(job.layout, c.seq_len, P, o.ulysses);
   Mask mask;
   agreed_phase(comm, [&] {
     mask = build_mask(o.mask, c.seq_len, o.seed);

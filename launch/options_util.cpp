@@ -162,4 +162,20 @@ void check_execution_options(const ExecutionOptions& v) {
   if (v.warmup < 0) throw UsageError("--warmup " + std::to_string(v.warmup) + ": must not be negative");
 }
 
+void add_hybrid_options(po::options_description& desc, int* ulysses, double* emulate_intra_bandwidth,
+                        double* emulate_intra_latency) {
+  auto add = desc.add_options();
+  if (ulysses)
+    add("ulysses", po::value(ulysses)->default_value(1)->value_name("U"),
+        "hybrid parallelism: groups of U consecutive ranks swap sequence for heads by all-to-all "
+        "(DeepSpeed-Ulysses), the ring runs across the P/U groups (U divides P and the heads; 1 = ring only)");
+  if (emulate_intra_bandwidth)
+    add("emulate-intra-bandwidth", po::value(emulate_intra_bandwidth)->default_value(0.0)->value_name("GBPS"),
+        "MPI, --ulysses > 1: the link inside a group (the all-to-all), as --emulate-bandwidth is the ring's "
+        "link between groups (GB/s, 0 = off)");
+  if (emulate_intra_latency)
+    add("emulate-intra-latency", po::value(emulate_intra_latency)->default_value(0.0)->value_name("US"),
+        "MPI, --ulysses > 1: latency of the link inside a group (microseconds)");
+}
+
 }  // namespace ringattn

@@ -85,6 +85,11 @@ struct ExecutionOptions {
 // subcommand lacks hold their defaults, which pass.)
 void check_execution_options(const ExecutionOptions& o);
 
+// Hybrid parallelism (SPEC.md "Hybrid parallelism"): --ulysses and the intra-group link
+// emulation (--emulate-intra-bandwidth, --emulate-intra-latency); null members are left out.
+void add_hybrid_options(boost::program_options::options_description& desc, int* ulysses,
+                        double* emulate_intra_bandwidth, double* emulate_intra_latency);
+
 // True when the user gave the option (not only its default).
 inline bool given(const boost::program_options::variables_map& vm, const char* name) {
   return vm.count(name) && !vm[name].defaulted();

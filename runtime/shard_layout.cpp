@@ -22,8 +22,12 @@ LayoutKind parse_layout(const std::string& name) {
   throw UsageError("--layout " + name + ": expected contiguous, zigzag or striped");
 }
 
-ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks) : kind_(kind), seq_len_(seq_len), ranks_(ranks) {
+ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses)
+    : kind_(kind), seq_len_(seq_len), ranks_(ranks), ulysses_(ulysses) {
   if (ranks < 1) throw UsageError("the job needs at least one rank");
+  if (ulysses < 1 || ranks % ulysses != 0)
+    throw UsageError("--ulysses " + std::to_string(ulysses) + " does not divide the " + std::to_string(ranks) +
+                     " ranks");
   if (seq_len < ranks)
     throw UsageError("--seq-len " + std::to_string(seq_len) + " is smaller than the number of ranks (" +
                      std::to_string(ranks) + "): every rank needs at least one position");
@@ -35,7 +39,25 @@ int64_t ShardLayout::chunk_start(int64_t c, int64_t n) const {
 }
 
 std::vector<PositionRun> ShardLayout::runs(int rank) const {
-  const int64_t P = ranks_;
+  if (ulysses_ == 1) return group_runs(rank);
+  // Member u's part of its group's rows, cut out of the group's runs.
+  const std::vector<PositionRun> group = group_runs(rank / ulysses_);
+  int64_t group_rows = 0;
+  for (const PositionRun& r : group) group_rows += r.count;
+  const int u = rank % ulysses_;
+  const int64_t begin = member_begin(group_rows, u), end = member_begin(group_rows, u + 1);
+  std::vector<PositionRun> out;
+  int64_t offset = 0;
+  for (const PositionRun& r : group) {
+    const int64_t a = std::max(begin, offset), b = std::min(end, offset + r.count);
+    if (b > a) out.push_back(PositionRun{r.start + (a - offset) * r.stride, b - a, r.stride});
+    offset += r.count;
+  }
+  return out;
+}
+
+std::vector<PositionRun> ShardLayout::group_runs(int rank) const {
+  const int64_t P = groups();
   switch (kind_) {
     case LayoutKind::contiguous: {
       const int64_t a = chunk_start(rank, P), b = chunk_start(rank + 1, P);
@@ -84,7 +106,17 @@ int64_t ShardLayout::position(int rank, int64_t local_row) const {
 }
 
 ShardLayout::Location ShardLayout::locate(int64_t pos) const {
-  const int64_t P = ranks_;
+  const Location at = locate_in_group(pos);
+  if (ulysses_ == 1) return at;
+  int64_t group_rows = 0;
+  for (const PositionRun& r : group_runs(at.rank)) group_rows += r.count;
+  int u = ulysses_ - 1;
+  while (member_begin(group_rows, u) > at.row) --u;
+  return {at.rank * ulysses_ + u, at.row - member_begin(group_rows, u)};
+}
+
+ShardLayout::Location ShardLayout::locate_in_group(int64_t pos) const {
+  const int64_t P = groups();
   if (kind_ == LayoutKind::striped) return {static_cast<int>(pos % P), pos / P};
   const int64_t n = kind_ == LayoutKind::zigzag ? 2 * P : P;
   // Chunk c holds [chunk_start(c), chunk_start(c + 1)); the first `extra` chunks are one longer.

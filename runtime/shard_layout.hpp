@@ -6,6 +6,11 @@
 //   striped     position t lives on rank t mod P (balanced at token granularity).
 // Any L >= P works: chunk sizes differ by at most one row. A shard is described by at most two
 // arithmetic runs of positions, so no rank ever materialises the whole sequence's positions.
+//
+// Hybrid parallelism (--ulysses U, runtime/ulysses_attention.hpp): the layout applies to the P/U
+// groups of U consecutive ranks (group g = ranks gU .. gU + U - 1), and member u = rank mod U of
+// a group holds the u-th of U nearly equal consecutive parts of the group's rows (still at most
+// two runs). U = 1 is the plain layout.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +35,15 @@ struct PositionRun {
 
 class ShardLayout {
  public:
-  ShardLayout(LayoutKind kind, int64_t seq_len, int ranks);
+  ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses = 1);
 
   LayoutKind kind() const { return kind_; }
   int64_t seq_len() const { return seq_len_; }
   int ranks() const { return ranks_; }
+  int ulysses() const { return ulysses_; }
+  int groups() const { return ranks_ / ulysses_; }
+  // The layout of the groups alone (what the ring across groups shards by).
+  ShardLayout group_layout() const { return ShardLayout(kind_, seq_len_, groups()); }
 
   // The rank's positions in ascending order, as runs; local row t is the t-th position.
   std::vector<PositionRun> runs(int rank) const;
@@ -53,9 +62,14 @@ class ShardLayout {
  private:
   // [start, start + size) of chunk c when the sequence is cut into n nearly equal chunks.
   int64_t chunk_start(int64_t c, int64_t n) const;
+  // The layout over groups, and the first of a group's rows held by member u.
+  std::vector<PositionRun> group_runs(int group) const;
+  Location locate_in_group(int64_t pos) const;  // the group and the row in the group's rows
+  int64_t member_begin(int64_t group_rows, int member) const { return group_rows * member / ulysses_; }
   LayoutKind kind_;
   int64_t seq_len_;
   int ranks_;
+  int ulysses_ = 1;
 };
 
 }  // namespace ringattn

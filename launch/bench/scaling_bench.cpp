@@ -25,6 +25,7 @@
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
+#include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
 
@@ -40,6 +41,8 @@ struct BenchOptions : ExecutionOptions {
   int check_rows = 16;
   bool forward_only = false, no_check = false;
   std::string json, csv;
+  std::string ulysses = "1";
+  double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;
 };
 
 po::options_description describe(BenchOptions& o) {
@@ -64,6 +67,11 @@ po::options_description describe(BenchOptions& o) {
   po::options_description run("Execution");
   add_ring_options(run, o.fields());
   run.add_options()
+      ("ulysses", po::value(&o.ulysses)->default_value("1")->value_name("U1,U2,..."),
+       "hybrid parallelism: a point per U (and rank count it divides): all-to-all inside groups of U ranks, "
+       "the ring across the P/U groups (1 = ring only)");
+  add_hybrid_options(run, nullptr, &o.emulate_intra_bandwidth, &o.emulate_intra_latency);
+  run.add_options()
       ("forward-only", po::bool_switch(&o.forward_only), "time the forward pass only (default: forward and backward)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows checked against fp64 per point")
       ("no-check", po::bool_switch(&o.no_check), "skip the per-point check")
@@ -79,6 +87,7 @@ struct Bench {
   BenchOptions opt;
   bool weak = false, backward = true, check = true;
   std::vector<int> ranks;
+  std::vector<int> ulysses;  // --ulysses degrees; a point for each that divides the point's ranks
   std::vector<Mask> masks;  // one per point: the sequence length differs in weak scaling
   kernels::AttentionDims dims;
   LayoutKind layout = LayoutKind::contiguous;
@@ -122,6 +131,19 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   b.dtype = parse_dtype_option(o.dtype);
   b.layout = layout_option(o.layout, o.mask.causal);
+  if (o.emulate_intra_bandwidth < 0 || o.emulate_intra_latency < 0)
+    throw UsageError("--emulate-intra-bandwidth and --emulate-intra-latency must not be negative");
+  for (int64_t U : parse_int_list(o.ulysses, "--ulysses")) {
+    if (U < 1 || U > W)
+      throw UsageError("--ulysses " + o.ulysses + ": " + std::to_string(U) + " is not between 1 and the job's " +
+                       std::to_string(W) + " ranks");
+    check_ulysses(int(U), int(U), o.heads, Hkv);  // H (and Hkv) against U; P is checked per point
+    if (std::none_of(b.ranks.begin(), b.ranks.end(), [&](int P) { return P % U == 0; }))
+      throw UsageError("--ulysses " + std::to_string(U) + " divides none of the rank counts (--ranks)");
+    b.ulysses.push_back(int(U));
+  }
+  std::sort(b.ulysses.begin(), b.ulysses.end());
+  b.ulysses.erase(std::unique(b.ulysses.begin(), b.ulysses.end()), b.ulysses.end());
   b.schedule = parse_schedule(o.schedule);
   b.backward = !o.forward_only;
   b.check = !o.no_check;
@@ -176,7 +198,7 @@ struct PassSeries {
 };
 
 // Runs one point on the ranks of `comm`; every rank returns the same point.
-ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
+ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses) {
   const int P = comm.size(), rank = comm.rank();
   const int64_t L = b.seq_len(P);
   const Mask& mask = b.masks[index];
@@ -184,7 +206,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const bool was_reset = reset_peak_rss();
 
-  const ShardLayout layout(b.layout, L, P);
+  const ShardLayout layout(b.layout, L, P, ulysses);
   const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = static_cast<int64_t>(pos.size());
   Execution exec = make_execution(b.execution, comm, b.local_rank, b.threads);
@@ -208,7 +230,10 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
   const bool host_fp32 = backend->memory() == comm::MemorySpace::host && b.dtype == DType::f32;
   if (!b.check || host_fp32) q = {}, k = {}, v = {}, dout = {};
 
-  RingAttention ring(ring_comm, *backend, layout, mask, RingOptions{dims, b.dtype, b.schedule});
+  UlyssesAttention ring(ring_comm, *backend, b.layout, L, mask, RingOptions{dims, b.dtype, b.schedule}, ulysses);
+  if (comm::Communicator* group = ring.group_comm())  // the link inside groups; the ring's is between them
+    group->set_link_emulation(comm::LinkEmulation{b.opt.emulate_intra_bandwidth, b.opt.emulate_intra_latency});
+  uint64_t a2a_bytes = 0;
   auto f32 = [&](int64_t n) { return DeviceBuffer(*backend, sizeof(float) * static_cast<size_t>(n)); };
   const DeviceBuffer o = f32(B * rows * H * D), lse = f32(B * H * rows);
   DeviceBuffer dq, dk, dv;
@@ -219,6 +244,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
     const bool timed = it >= b.opt.warmup;
     comm.barrier();
     const PassStats f = ring.forward(q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>());
+    a2a_bytes = ring.a2a_bytes_sent();
     PassSeries ignored;
     (timed ? fwd : ignored).add(comm, f);
     if (!b.backward) continue;
@@ -230,6 +256,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
 
   ScalingPoint pt;
   pt.ranks = P;
+  pt.ulysses = ulysses;
   pt.seq_len = L;
   if (b.check) {
     const bool host = backend->memory() == comm::MemorySpace::host;
@@ -258,6 +285,8 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index) {
   uint64_t needed = ring.bytes_needed(), rss = point_peak_rss(was_reset);
   comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
   comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&a2a_bytes, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  pt.a2a_bytes_sent = a2a_bytes;
   comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
   pt.flops_forward = 4.0 * double(B * H * D) * double(pairs);
   pt.bytes_needed = needed;
@@ -323,29 +352,34 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   setup.iters = b.opt.iters, setup.warmup = b.opt.warmup, setup.check_rows = b.check ? b.opt.check_rows : 0;
   setup.seed = b.opt.seed;
   setup.emulate_bandwidth = b.opt.emulate_bandwidth, setup.emulate_latency = b.opt.emulate_latency;
+  setup.emulate_intra_bandwidth = b.opt.emulate_intra_bandwidth;
+  setup.emulate_intra_latency = b.opt.emulate_intra_latency;
   if (world.rank() == 0) print_scaling_header(setup);
 
   std::vector<ScalingPoint> points;
   for (size_t i = 0; i < b.ranks.size(); ++i) {
-    const int P = b.ranks[i];
-    world.set_timeout(b.opt.timeout);
-    world.set_link_emulation(comm::LinkEmulation{b.opt.emulate_bandwidth, b.opt.emulate_latency});
-    std::unique_ptr<comm::Communicator> sub = world.split(world.rank() < P ? 0 : -1, world.rank());
-    ScalingPoint pt;
-    if (sub) {
-      try {
-        pt = run_point(*sub, b, i);
-      } catch (const std::exception& e) {
-        fail_now(world, e);  // ranks of the point may be blocked in a transfer: end them all
+    for (int U : b.ulysses) {  // a point per --ulysses degree that divides P
+      const int P = b.ranks[i];
+      if (P % U != 0) continue;
+      world.set_timeout(b.opt.timeout);
+      world.set_link_emulation(comm::LinkEmulation{b.opt.emulate_bandwidth, b.opt.emulate_latency});
+      std::unique_ptr<comm::Communicator> sub = world.split(world.rank() < P ? 0 : -1, world.rank());
+      ScalingPoint pt;
+      if (sub) {
+        try {
+          pt = run_point(*sub, b, i, U);
+        } catch (const std::exception& e) {
+          fail_now(world, e);  // ranks of the point may be blocked in a transfer: end them all
+        }
       }
+      sub.reset();
+      world.set_timeout(1e9);  // the ranks outside the point wait for as long as it takes
+      world.barrier();
+      world.set_timeout(b.opt.timeout);
+      set_efficiency(pt, points.empty() ? pt : points.front());
+      points.push_back(pt);
+      if (world.rank() == 0) print_scaling_row(pt, setup);
     }
-    sub.reset();
-    world.set_timeout(1e9);  // the ranks outside the point wait for as long as it takes
-    world.barrier();
-    world.set_timeout(b.opt.timeout);
-    set_efficiency(pt, points.empty() ? pt : points.front());
-    points.push_back(pt);
-    if (world.rank() == 0) print_scaling_row(pt, setup);
   }
   int wrong = 0;
   for (const ScalingPoint& p : points) wrong += p.wrong;

@@ -42,6 +42,10 @@ void point_fields(const ScalingPoint& p, const ScalingSetup& s, Visit&& visit) {
   visit("wrong", Json(p.wrong));
   visit("emulate_bandwidth_gbps", Json(s.emulate_bandwidth));
   visit("emulate_latency_us", Json(s.emulate_latency));
+  visit("ulysses", Json(p.ulysses));
+  visit("a2a_bytes_sent", Json(p.a2a_bytes_sent));
+  visit("emulate_intra_bandwidth_gbps", Json(s.emulate_intra_bandwidth));
+  visit("emulate_intra_latency_us", Json(s.emulate_intra_latency));
 }
 
 double mib(double bytes) { return bytes / double(1 << 20); }
@@ -75,14 +79,19 @@ void print_scaling_header(const ScalingSetup& s) {
               "#   relative to the first point (strong: T1*P1 / (P*TP); weak: GF/s per rank, fair as work grows as L^2)\n",
               s.backward ? "forward + backward (FLOPs 3.5x forward)" : "the forward pass");
   std::printf("# exposed: time waiting for K/V or gradients / pass time, mean over ranks;  compute: forward kernel time\n"
-              "# sent / need: forward K/V bytes over all ranks; need is the least any schedule moves;  peak: largest rank's RSS\n");
+              "# sent / need: forward K/V bytes over all ranks; need is the least any schedule moves;  peak: largest rank's RSS\n"
+              "# U: --ulysses, ranks per group: all-to-all inside a group, the ring across groups; exposed includes the\n"
+              "#   all-to-all, sent/need count the ring's K/V only (the all-to-all's bytes: a2a_bytes_sent in --json)\n");
+  if (s.emulate_intra_bandwidth > 0 || s.emulate_intra_latency > 0)
+    std::printf("# link emulation inside groups: %g GB/s, %g us (the ring's link above is the one between groups)\n",
+                s.emulate_intra_bandwidth, s.emulate_intra_latency);
   if (s.check_rows > 0)
     std::printf("# #wrong: checked tensors (o, lse%s) off the fp64 reference on %d sampled rows (any > 0: exit 3)\n",
                 s.backward ? ", dq, dk, dv" : "", s.check_rows);
   else
     std::printf("# #wrong: not checked (--no-check)\n");
-  std::printf("#\n#                  |----- forward -----| |----- backward ----|          |  exposed  |\n");
-  std::printf("# %5s %9s %9s %9s %9s %9s %9s %6s %5s %5s %10s %9s %9s %9s %9s %6s\n", "ranks", "seq_len", "time_ms",
+  std::printf("#\n#                      |----- forward -----| |----- backward ----|          |  exposed  |\n");
+  std::printf("# %5s %3s %9s %9s %9s %9s %9s %9s %6s %5s %5s %10s %9s %9s %9s %9s %6s\n", "ranks", "U", "seq_len", "time_ms",
               "p95_ms", "time_ms", "p95_ms", "GF/s/rank", "effic", "fwd%", "bwd%", "compute_ms", "sent_MiB", "need_MiB",
               "peak_MiB", "max_err", "#wrong");
   std::fflush(stdout);
@@ -96,8 +105,8 @@ void print_scaling_row(const ScalingPoint& p, const ScalingSetup& s) {
     std::snprintf(bexp, sizeof bexp, "%.1f", 100 * p.exposed_backward);
   }
   if (p.checked) std::snprintf(err, sizeof err, "%.2e", p.max_abs_err);
-  std::printf("  %5d %9lld %9.2f %9.2f %9s %9s %9.1f %5.1f%% %5.1f %5s %10.2f %9.1f %9.1f %9.1f %9s %6d\n", p.ranks,
-              (long long)p.seq_len, p.forward_s * 1e3, p.forward_p95_s * 1e3, bwd, bwd95,
+  std::printf("  %5d %3d %9lld %9.2f %9.2f %9s %9s %9.1f %5.1f%% %5.1f %5s %10.2f %9.1f %9.1f %9.1f %9s %6d\n",
+              p.ranks, p.ulysses, (long long)p.seq_len, p.forward_s * 1e3, p.forward_p95_s * 1e3, bwd, bwd95,
               p.flops_forward / p.forward_s / p.ranks / 1e9, 100 * p.efficiency, 100 * p.exposed_forward, bexp,
               p.forward_compute_s * 1e3, mib(double(p.bytes_sent)), mib(double(p.bytes_needed)), mib(double(p.peak_rss)),
               err, p.wrong);

@@ -15,6 +15,7 @@ namespace ringattn {
 // One measured point.
 struct ScalingPoint {
   int ranks = 1;
+  int ulysses = 1;  // --ulysses: all-to-all inside groups of this many ranks, the ring across
   int64_t seq_len = 0;
   double flops_forward = 0.0;  // counted (SPEC.md), all ranks
   // Per pass: the median over iterations of the slowest rank's time, its 95th percentile, and
@@ -23,6 +24,7 @@ struct ScalingPoint {
   double backward_s = 0, backward_p95_s = 0, backward_mean_s = 0, backward_compute_s = 0, backward_wait_s = 0;
   double exposed_forward = 0.0, exposed_backward = 0.0;  // mean over ranks of wait / pass time
   uint64_t bytes_sent = 0, bytes_needed = 0, peak_rss = 0;
+  uint64_t a2a_bytes_sent = 0;  // forward all-to-all payload, all ranks (--ulysses > 1)
   bool checked = false, check_passed = true;
   double max_abs_err = 0.0;
   int wrong = 0;  // checked tensors (of o, lse, dq, dk, dv) beyond their tolerance
@@ -40,6 +42,7 @@ struct ScalingSetup {
   int iters = 1, warmup = 0, check_rows = 0;
   uint64_t seed = 0;
   double emulate_bandwidth = 0.0, emulate_latency = 0.0;
+  double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;  // inside --ulysses groups
 };
 
 void print_scaling_header(const ScalingSetup& s);

@@ -1,4 +1,5 @@
 #include "launch/plan/calibration.hpp"
+#include "launch/plan/hybrid_model.hpp"
 
 #include <algorithm>
 #include <array>
@@ -171,7 +172,23 @@ std::vector<Comparison> compare(const std::vector<MeasuredPoint>& points, const 
   for (const MeasuredPoint& p : points) {
     Comparison c;
     c.point = &p;
-    c.predicted = predict(machine_for(machine, p), p.workload, p.mask.view(), p.ranks);
+    if (p.ulysses > 1) {  // the hybrid: the ring across groups plus the all-to-alls inside them
+      LinkSpec group = machine.intra;  // the machine's own link, slowed by the emulated one
+      if (p.group_emulated) {
+        const double own = machine.intra.gbps, emulated = p.group_link.gbps;
+        group.gbps = own > 0 && emulated > 0 ? std::min(own, emulated) : std::max(own, emulated);
+        group.latency_us = std::max(machine.intra.latency_us, p.group_link.latency_us);
+      }
+      const HybridPrediction h =
+          predict_hybrid(machine_for(machine, p), p.workload, p.mask.view(), p.ranks, p.ulysses, &group);
+      c.predicted = h.ring;
+      c.predicted.ranks = p.ranks;
+      c.predicted.forward.seconds = h.forward_seconds();
+      c.predicted.backward.seconds = h.backward_seconds();
+      c.predicted.forward.exposed_fraction = h.exposed_forward();
+    } else {
+      c.predicted = predict(machine_for(machine, p), p.workload, p.mask.view(), p.ranks);
+    }
     if (p.forward_s > 0) c.forward_error = (c.predicted.forward.seconds - p.forward_s) / p.forward_s;
     if (p.workload.backward && p.backward_s > 0)
       c.backward_error = (c.predicted.backward.seconds - p.backward_s) / p.backward_s;

@@ -31,6 +31,10 @@ struct MeasuredPoint {
   double forward_s = 0.0, forward_mean_s = 0.0, forward_wait_s = 0.0;
   double backward_s = 0.0, backward_mean_s = 0.0, backward_wait_s = 0.0;
   double exposed_fraction = 0.0;  // forward, as the benchmark reports it
+  // --ulysses U (hybrid_model.hpp): the all-to-all's link inside groups, emulated or the machine's own.
+  int ulysses = 1;
+  bool group_emulated = false;
+  LinkSpec group_link;
 };
 
 struct Calibration {

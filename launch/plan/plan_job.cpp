@@ -15,6 +15,7 @@
 #include "launch/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
 #include "launch/plan/calibration.hpp"
+#include "launch/plan/hybrid_report.hpp"
 #include "runtime/errors.hpp"
 
 namespace po = boost::program_options;
@@ -50,6 +51,7 @@ struct PlanOptions {
   double tolerance = 0.15;
   bool check = false;
   double machine_bandwidth = 0.0, machine_latency = 0.0;
+  std::string ulysses;  // hybrid degrees to compare ("auto": 1, 2, 4, ...)
 };
 
 // Cluster flags: applied over --cluster FILE (or the default cluster) when given.
@@ -109,7 +111,9 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("seed", po::value(&o.seed)->default_value(0)->value_name("S"), "seed of BigBird masks")
       ("layouts", po::value(&o.layouts)->default_value("contiguous,zigzag,striped"), "layouts to compare")
       ("schedules", po::value(&o.schedules)->default_value("direct,ring"), "schedules to compare")
-      ("forward-only", po::bool_switch(&o.forward_only), "inference: forward passes only");
+      ("forward-only", po::bool_switch(&o.forward_only), "inference: forward passes only")
+      ("ulysses", po::value(&o.ulysses)->value_name("U1,U2,...|auto"),
+       "also predict the hybrid (all-to-all inside groups of U ranks, the ring across) and recommend U");
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description cal("Calibration on this machine");
@@ -281,6 +285,9 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads,
       mp.backward_mean_s = p.number_or("backward_mean_s", mp.backward_s);
       mp.backward_wait_s = p.number_or("backward_wait_s", 0.0);
       mp.exposed_fraction = p.number_or("exposed_comm_fraction", 0.0);
+      mp.ulysses = static_cast<int>(p.number_or("ulysses", 1));
+      mp.group_link = LinkSpec{p.number_or("emulate_intra_bandwidth_gbps", 0.0), p.number_or("emulate_intra_latency_us", 0.0)};
+      mp.group_emulated = mp.group_link.gbps > 0 || mp.group_link.latency_us > 0;
       out.push_back(std::move(mp));
     }
   }
@@ -301,9 +308,12 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
   if (!o.calibrate.empty()) {
     int threads = 0;
     std::vector<std::string> skipped;
-    const std::vector<MeasuredPoint> fit_points = load_points(o.calibrate, &threads, skipped);
+    std::vector<MeasuredPoint> fit_points = load_points(o.calibrate, &threads, skipped);
+    // The fit is the ring's; hybrid points (--ulysses > 1) are only compared.
+    std::vector<MeasuredPoint> all_points = fit_points;
+    std::erase_if(fit_points, [](const MeasuredPoint& p) { return p.ulysses > 1; });
     const std::vector<MeasuredPoint> check_points =
-        o.validate.empty() ? fit_points : load_points(o.validate, &threads, skipped);
+        o.validate.empty() ? all_points : load_points(o.validate, &threads, skipped);
     if (fit_points.empty()) throw UsageError("--calibrate " + o.calibrate + ": no usable points");
     ClusterSpec start;
     start.name = "this machine (calibrated)";
@@ -330,7 +340,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     cluster_given = cluster_given || given(vm, flag);
   bool workload_given = false;
   for (const char* flag : {"ranks", "seq-len", "batch", "heads", "kv-heads", "head-dim", "dtype", "causal", "window",
-                           "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only"})
+                           "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only", "ulysses"})
     workload_given = workload_given || given(vm, flag);
   if (!machine || cluster_given || workload_given) {
     const ClusterSpec cluster = machine && !cluster_given ? *machine : load_cluster(o, f, vm);
@@ -355,6 +365,18 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     if (layouts.empty() || schedules.empty()) throw UsageError("--layouts and --schedules need at least one entry");
     out["cluster"] = cluster_json(cluster);
     out["projection"] = print_projection(cluster, w, mask, ranks, layouts, schedules);
+    if (!o.ulysses.empty()) {
+      std::vector<int> degrees;
+      if (o.ulysses != "auto")
+        for (int64_t U : parse_int_list(o.ulysses, "--ulysses")) {
+          if (U < 1) throw UsageError("--ulysses " + o.ulysses + ": degrees must be at least 1");
+          degrees.push_back(static_cast<int>(U));
+        }
+      // The hybrid's ring: the one layout given, else zigzag for causal masks (balanced), else contiguous.
+      w.layout = layouts.size() == 1 ? layouts[0] : (o.mask.causal ? LayoutKind::zigzag : LayoutKind::contiguous);
+      w.schedule = schedules[0];
+      out["hybrid"] = print_hybrid_projection(cluster, w, mask, ranks, degrees);
+    }
   }
 
   if (!o.json.empty()) write_text_file(o.json, "--json", out.dump() + "\n");

@@ -80,7 +80,8 @@ LoraLayer::LoraLayer(comm::Communicator& comm, const LayerConfig& config, const 
       layout_(layout),
       mask_(mask),
       backend_(make_cpu_backend(config.threads)),
-      ring_(comm, *backend_, layout_, mask_, RingOptions{attention_dims(config), config.dtype, config.schedule}) {
+      ring_(comm, *backend_, layout_.kind(), layout_.seq_len(), mask_,
+            RingOptions{attention_dims(config), config.dtype, config.schedule}, layout_.ulysses()) {
   if (layout.seq_len() != config.seq_len || layout.ranks() != comm.size())
     throw std::invalid_argument("LoraLayer: the layout does not match the sequence length or the communicator");
   if (config_.rope.per_document && !mask_.has_documents())

@@ -47,6 +47,7 @@
 #include "runtime/lora/rope.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/ring_attention.hpp"
+#include "runtime/ulysses_attention.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
@@ -131,7 +132,7 @@ class LoraLayer {
   size_t gathered_bytes() const;  // held now: 0 between passes
   // Multiply-adds of this rank's projections in one forward, times 2 (FLOPs).
   double projection_flops_forward() const;
-  const RingAttention& attention() const { return ring_; }
+  const UlyssesAttention& attention() const { return ring_; }
 
  private:
   // Runs the four projections in `order`, each gathered just before use with the next one's
@@ -147,7 +148,7 @@ class LoraLayer {
   ShardLayout layout_;
   Mask mask_;
   std::unique_ptr<AttentionBackend> backend_;
-  RingAttention ring_;
+  UlyssesAttention ring_;  // the ring, with --ulysses the hybrid (layout.ulysses())
   std::vector<ShardedProjection> projections_;
   std::array<GatheredProjection, 2> gathered_;
   std::array<ProjectionGather, 2> gathers_;

@@ -59,3 +59,47 @@ TEST(ShardLayout, RefusesFewerPositionsThanRanks) {
 
 }  // namespace
 }  // namespace ringattn
+
+namespace ringattn::testing {
+namespace {
+
+// --ulysses U: the members of group g together hold exactly the group's rows of the layout over
+// P/U groups, in order; every position has one owner; a shard is still at most two runs.
+TEST(ShardLayout, UlyssesMembersSplitTheirGroupsRows) {
+  for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped})
+    for (int P = 1; P <= 8; ++P)
+      for (int U = 1; U <= P; ++U) {
+        if (P % U != 0) continue;
+        for (int64_t L : {int64_t(P), int64_t(P) + 1, int64_t(37), int64_t(100)}) {
+          if (L < P) continue;
+          const ShardLayout layout(kind, L, P, U);
+          const ShardLayout groups = layout.group_layout();
+          ASSERT_EQ(groups.ranks(), P / U);
+          std::vector<int> owner(size_t(L), -1);
+          for (int g = 0; g < P / U; ++g) {
+            std::vector<int64_t> joined;
+            for (int u = 0; u < U; ++u) {
+              const int r = g * U + u;
+              const std::vector<int64_t> pos = layout.positions(r);
+              EXPECT_LE(layout.runs(r).size(), 2u);
+              EXPECT_EQ(int64_t(pos.size()), layout.rows(r));
+              for (size_t t = 0; t < pos.size(); ++t) {
+                EXPECT_EQ(owner[size_t(pos[t])], -1);
+                owner[size_t(pos[t])] = r;
+                const auto at = layout.locate(pos[t]);
+                EXPECT_EQ(at.rank, r);
+                EXPECT_EQ(at.row, int64_t(t));
+                EXPECT_EQ(layout.position(r, int64_t(t)), pos[t]);
+              }
+              joined.insert(joined.end(), pos.begin(), pos.end());
+            }
+            EXPECT_EQ(joined, groups.positions(g)) << layout_name(kind) << " P " << P << " U " << U << " L " << L;
+          }
+          for (int64_t t = 0; t < L; ++t) EXPECT_GE(owner[size_t(t)], 0);
+        }
+      }
+  EXPECT_THROW(ShardLayout(LayoutKind::zigzag, 100, 4, 3), UsageError);
+}
+
+}  // namespace
+}  // namespace ringattn::testing
