@@ -214,7 +214,7 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
   for (int r = 0; r < P; ++r) {
     const Announcement& a = all[static_cast<size_t>(r)];
     if (a.status == 0) continue;
-    const std::string where = r == mpi->rank() || local_error ? "" : " (on rank " + std::to_string(r) + ")";
+    const std::string where = r == mpi->rank() ? "" : " (on rank " + std::to_string(r) + ")";
     throw ArgumentError(a.argument, std::string(a.message) + where,
                         a.status == 2 ? ArgumentError::Kind::type : ArgumentError::Kind::value);
   }
