@@ -100,6 +100,10 @@ PYBIND11_MODULE(_ringattn, m) {
   });
 
   m.def("version", &version);
+  m.def("bigbird_block_mask", [](int64_t blocks, int64_t global, int64_t window, int64_t random, uint64_t seed) {
+    const std::vector<uint8_t> mask = bigbird_block_mask(blocks, global, window, random, seed);
+    return py::bytes(reinterpret_cast<const char*>(mask.data()), mask.size());
+  });
   m.def("comm_rank", [](uintptr_t h) {
     int r = 0;
     MPI_Comm_rank(comm_of(h), &r);

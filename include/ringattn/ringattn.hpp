@@ -151,6 +151,11 @@ class Context {
   std::unique_ptr<Impl> impl_;
 };
 
+// The BigBird block mask (blocks x blocks, row-major, nonzero = visible) that MaskSpec's bigbird_*
+// fields generate: the same on every rank for the same seed.
+std::vector<uint8_t> bigbird_block_mask(int64_t blocks, int64_t global, int64_t window, int64_t random,
+                                        uint64_t seed);
+
 // The library version, "0.1.0".
 const char* version();
 

@@ -7,7 +7,7 @@ The compiled half (``_ringattn``) takes data pointers and shapes: no libtorch is
 import atexit as _atexit
 import zlib as _zlib
 
-from . import _ringattn
+from . import _ringattn, masks
 from ._checks import attention_error as _attention_error, comm_handle as _comm_handle, dtype_name as _dtype_name
 from ._checks import is_bf16 as _is_bf16, mask_args as _mask_args
 

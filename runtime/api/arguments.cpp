@@ -3,6 +3,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/attention_cpu.hpp"
+#if defined(RINGATTN_WITH_CUDA)
+#include "kernels/cuda/attention_cuda.hpp"
+#endif
+
 namespace ringattn::api {
 
 namespace {
@@ -20,11 +25,18 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
   return h;
 }
 
-ArgumentError check_local(const Shard& s, const AttentionSpec& spec) {
+ArgumentError check_local(const Shard& s, const AttentionSpec& spec, bool cuda) {
   if (s.batch < 1) return bad("q", "batch " + std::to_string(s.batch) + " must be positive");
   if (s.rows < 1) return bad("q", "this rank's rows (" + std::to_string(s.rows) + ") must be positive");
   if (s.heads < 1) return bad("q", "heads " + std::to_string(s.heads) + " must be positive");
   if (s.head_dim < 1) return bad("q", "head dim " + std::to_string(s.head_dim) + " must be positive");
+#if defined(RINGATTN_WITH_CUDA)
+  if (cuda && !kernels::cuda_supports_head_dim(s.head_dim))
+    return bad("q", "head dim " + std::to_string(s.head_dim) + " is not supported by the CUDA kernels (1 to 256)");
+#endif
+  if (!cuda && !kernels::cpu_supports_head_dim(s.head_dim))
+    return bad("q", "head dim " + std::to_string(s.head_dim) +
+                        " is not supported by the CPU kernels (multiples of 16 up to 512)");
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0)
     return bad("k", "its " + std::to_string(s.kv_heads) + " heads must divide q's " + std::to_string(s.heads) +
                         " (GQA: query head h uses key/value head h / (H / Hkv))");

@@ -14,7 +14,8 @@ namespace ringattn::api {
 
 // The first local problem with the shard's shapes or the spec (what needs no sequence length),
 // as an ArgumentError naming the argument; empty argument() when there is none.
-ArgumentError check_local(const Shard& shard, const AttentionSpec& spec);
+// `cuda`: the head dims of the CUDA kernels apply, else the CPU kernels'.
+ArgumentError check_local(const Shard& shard, const AttentionSpec& spec, bool cuda);
 // The problems that need the sequence length (documents, block mask): the same on every rank.
 ArgumentError check_with_length(const AttentionSpec& spec, int64_t seq_len);
 

@@ -193,7 +193,7 @@ void Context::allgather_bytes(const void* send, size_t bytes, void* recv, const 
 
 Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error) {
   const int P = mpi->size();
-  ArgumentError problem = local_error ? *local_error : api::check_local(shard, spec);
+  ArgumentError problem = local_error ? *local_error : api::check_local(shard, spec, options.backend == "cuda");
   Announcement mine;
   if (!problem.argument().empty()) {
     mine.status = problem.kind() == ArgumentError::Kind::type ? 2 : 1;
