@@ -33,6 +33,7 @@ class TinyLM(torch.nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        torch.nn.init.normal_(self.embed.weight, std=0.1)  # tied head: small initial logits
         self.norm1 = torch.nn.LayerNorm(D_MODEL)
         self.qkv = torch.nn.Linear(D_MODEL, 3 * D_MODEL, bias=False)
         self.proj = torch.nn.Linear(D_MODEL, D_MODEL, bias=False)
