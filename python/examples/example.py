@@ -23,6 +23,7 @@ o = ringattn.unshard(o_local.detach(), causal=True)
 s = torch.einsum("blhd,bmhd->bhlm", q, k) / math.sqrt(D)
 s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
 expected = torch.einsum("bhlm,bmhd->blhd", s.softmax(-1), v)
+assert (o - expected).abs().max() < 1e-4, "ringattn differs from PyTorch"
 if ringattn.rank() == 0:
     print("%d ranks: rows per rank %d, max |o - torch| = %.2e, dq norm %.3f"
           % (ringattn.size(), q_local.shape[1], (o - expected).abs().max().item(), q_local.grad.norm().item()))

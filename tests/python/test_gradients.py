@@ -56,7 +56,7 @@ def run_case(name, L, H, Hkv, D, dtype=torch.float32, layout=None, **mask):
 
 run_case("none", 256, 4, 4, 32)
 run_case("causal GQA uneven", 301, 4, 2, 16, causal=True)
-run_case("causal MQA striped", 250, 4, 1, 16, layout="striped", causal=True)
+run_case("causal MQA striped ring", 250, 4, 1, 16, layout="striped", causal=True, schedule="ring")
 run_case("window", 300, 2, 2, 16, window=(32, 16))
 run_case("causal window contiguous", 299, 2, 1, 16, layout="contiguous", causal=True, window=(48, -1))
 run_case("documents", 301, 2, 2, 16, doc_lens=[100, 1, 150, 50])
