@@ -2,7 +2,7 @@
 Function, contiguous copies, output allocation) against the compiled API called directly with
 buffers allocated once, same shapes, same ranks, alternating, median of N.
 
-  mpirun -np 2 python3 python/bench_overhead.py [--seq-len 8192 --heads 8 --head-dim 128 --iters 5]
+  mpirun -np 2 python3 python/bench/overhead.py [--seq-len 8192 --heads 8 --head-dim 128 --iters 5]
 """
 import argparse
 import statistics
