@@ -27,8 +27,8 @@
 #include "runtime/errors.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
-#include "runtime/ring_attention.hpp"
-#include "runtime/ulysses_attention.hpp"
+#include "comm/mpi_communicator.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace po = boost::program_options;
 
@@ -112,6 +112,26 @@ class ProgressLine {
   double shown_ = -1e9;
 };
 
+// The job's mask, as the library's API takes it (the generated BigBird mask as its block mask).
+AttentionSpec attention_spec(const Mask& mask, const Job& job) {
+  AttentionSpec spec;
+  spec.mask.causal = mask.causal;
+  spec.mask.window_left = mask.window_left;
+  spec.mask.window_right = mask.window_right;
+  const std::vector<int64_t>& offsets = mask.doc_offsets();
+  for (size_t d = 1; d < offsets.size(); ++d) spec.mask.doc_lens.push_back(offsets[d] - offsets[d - 1]);
+  if (mask.has_block_mask()) {
+    spec.mask.block_mask = mask.block_mask();
+    spec.mask.mask_block = mask.mask_block();
+  }
+  spec.layout = job.layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
+                : job.layout == LayoutKind::striped ? SequenceLayout::striped
+                                                    : SequenceLayout::contiguous;
+  spec.schedule = job.schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+  spec.softmax_scale = job.dims.scale;
+  return spec;
+}
+
 }  // namespace
 
 int run_attention(LaunchContext& ctx) {
@@ -170,23 +190,42 @@ int run_attention(LaunchContext& ctx) {
   const int64_t rows = static_cast<int64_t>(pos.size());
   const int64_t B = job.dims.batch, H = job.dims.heads, Hkv = job.dims.kv_heads, D = job.dims.head_dim;
 
-  // Where the job computes; NCCL setup is collective, and a node short of GPUs is a usage error.
-  Execution exec;
+  // Where the job computes: the library's context (include/ringattn/ringattn.hpp) over this job's
+  // ranks builds the backend and the ring's communicator; NCCL setup is collective, and a node short
+  // of GPUs is a usage error.
+  std::optional<Context> api;
   agreed_phase(comm, [&] {
+    const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ctx.world);
+    if (!mpi) throw RuntimeFault("the attention job runs over an MPI communicator");
+    ContextOptions options;
+    options.backend = job.execution.backend;
+    options.comm = job.execution.comm;
+    options.threads = job.threads;
+    options.timeout_s = job.opt.timeout;
+    options.emulate_bandwidth_gbps = job.opt.emulate_bandwidth;
+    options.emulate_latency_us = job.opt.emulate_latency;
+    // --ulysses U > 1: the ring runs across groups, an all-to-all inside them, over this link.
+    options.emulate_intra_bandwidth_gbps = job.opt.emulate_intra_bandwidth;
+    options.emulate_intra_latency_us = job.opt.emulate_intra_latency;
     try {
-      exec = make_execution(job.execution, ctx.world, ctx.local_rank, job.threads);
-    } catch (const UsageError&) {
-      throw;
+      api.emplace(mpi->mpi_comm(), options);
     } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
       throw;
     } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
       throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
                        e.what());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
+                       e.what());
     }
   });
-  AttentionBackend* backend = exec.backend.get();
-  comm::Communicator& ring_comm = *exec.ring_comm;
-  ring_comm.set_timeout(job.opt.timeout);
+  AttentionBackend* backend = &api->backend();
+  const Shard shard{B, rows, H, Hkv, D, job.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
+  // What the ring computes: the job's mask, scale and hybrid degree (RINGATTN_TEST_FAULT may plant an
+  // error here, which the --check must catch).
+  AttentionSpec spec = attention_spec(ring_mask, job);
+  spec.softmax_scale = test_fault.ring_dims(job.dims).scale;
+  spec.ulysses = job.opt.ulysses;
 
   // Inputs: each rank reads (or generates) only its own rows, one tensor at a time into the
   // backend. A host copy is kept only for --check, and not even then when the backend's buffers
@@ -216,12 +255,6 @@ int run_attention(LaunchContext& ctx) {
     for (const std::string& note : notes)
       if (!note.empty()) std::fprintf(stderr, "ringattn: note: %s\n", note.c_str());
 
-  ring_comm.set_link_emulation(comm::LinkEmulation{job.opt.emulate_bandwidth, job.opt.emulate_latency});
-  // --ulysses U > 1: the ring runs across groups, an all-to-all inside them (U = 1: the ring alone).
-  UlyssesAttention ring(ring_comm, *backend, job.layout, job.seq_len, ring_mask,
-                        RingOptions{test_fault.ring_dims(job.dims), job.dtype, job.schedule}, job.opt.ulysses);
-  if (comm::Communicator* group = ring.group_comm())  // the group's link; the ring's is the one between groups
-    group->set_link_emulation(comm::LinkEmulation{job.opt.emulate_intra_bandwidth, job.opt.emulate_intra_latency});
   DeviceBuffer o_buf(*backend, sizeof(float) * static_cast<size_t>(B * rows * H * D));
   DeviceBuffer lse_buf(*backend, sizeof(float) * static_cast<size_t>(B * H * rows));
   DeviceBuffer dq_buf, dk_buf, dv_buf;
@@ -234,7 +267,7 @@ int run_attention(LaunchContext& ctx) {
   // Timed passes. Per iteration the job's time is the slowest rank's.
   std::vector<double> fwd_times, bwd_times;
   double wait_fraction_sum = 0.0, wait_fraction_max = 0.0;
-  uint64_t bytes_sent = 0, a2a_bytes_sent = 0;
+  uint64_t bytes_sent = 0, needed = 0, a2a_bytes_sent = 0;
   {
     std::vector<double> weights;
     for (int it = 0; it < job.opt.warmup + job.opt.iters; ++it) {
@@ -252,11 +285,13 @@ int run_attention(LaunchContext& ctx) {
         stage = "before the forward pass" + repetition;
         comm.barrier();
         stage = "in the forward pass" + repetition;
-        ring.on_step = [&](int done, int steps) {
+        api->set_step_callback([&](int done, int steps) {
           progress.step(pass, done, steps);
           test_hook.at_step();
-        };
-        PassStats f = ring.forward(dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(), lse_buf.as<float>());
+        });
+        RingStats f =
+            api->forward(shard, spec, dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(), lse_buf.as<float>());
+        needed = f.bytes_needed;
         ++pass;
         stage = "after the forward pass" + repetition;
         double t = f.seconds;
@@ -272,7 +307,7 @@ int run_attention(LaunchContext& ctx) {
           uint64_t sent = f.bytes_sent;
           comm.allreduce(&sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
           bytes_sent = sent;
-          uint64_t a2a = ring.a2a_bytes_sent();
+          uint64_t a2a = f.a2a_bytes_sent;
           comm.allreduce(&a2a, 1, comm::DataType::i64, comm::ReduceOp::sum);
           a2a_bytes_sent = a2a;
         }
@@ -280,8 +315,9 @@ int run_attention(LaunchContext& ctx) {
         stage = "before the backward pass" + repetition;
         comm.barrier();
         stage = "in the backward pass" + repetition;
-        PassStats b = ring.backward(dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(), lse_buf.as<float>(),
-                                    ddo_in.data(), dq_buf.as<float>(), dk_buf.as<float>(), dv_buf.as<float>());
+        RingStats b = api->backward(shard, spec, dq_in.data(), dk_in.data(), dv_in.data(), o_buf.as<float>(),
+                                    lse_buf.as<float>(), ddo_in.data(), dq_buf.as<float>(), dk_buf.as<float>(),
+                                    dv_buf.as<float>());
         ++pass;
         stage = "after the backward pass" + repetition;
         double tb = b.seconds;
@@ -294,7 +330,7 @@ int run_attention(LaunchContext& ctx) {
       fail_now(comm, e);  // a peer may be blocked in a transfer: end every rank now
     }
   }
-  ring.on_step = nullptr;
+  api->set_step_callback(nullptr);
 
   // Results on the host: the backend's buffers themselves, or copies from the device.
   std::vector<float> o_copy, lse_copy, dq_copy, dk_copy, dv_copy;
@@ -322,7 +358,6 @@ int run_attention(LaunchContext& ctx) {
   // Work and traffic, summed over ranks.
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), job.seq_len);
   comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  uint64_t needed = ring.bytes_needed();
   comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
   uint64_t rss = peak_rss_bytes();
   comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);

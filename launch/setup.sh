@@ -13,6 +13,8 @@ packages=(
   clang libclang-rt-14-dev                # the libFuzzer target of the .npy reader (tests)
   python3 python3-matplotlib python3-numpy  # launch/bench/plot_scaling.py and file examples
   python3-venv                            # build/pyenv: the safetensors package for the layer tests
+  python3-dev pybind11-dev python3-pybind11  # the Python module ringattn (build/python)
+  python3-torch python3-mpi4py            # its tests and examples (PyTorch, mpi4py communicators)
 )
 
 missing=()

@@ -1,0 +1,169 @@
+// ringattn as a library: exact attention over a sequence sharded across the ranks of an MPI
+// communicator (Ring Attention with FlashAttention-2 block kernels). This is the only header a
+// user includes; link ringattn::ringattn (CMake: find_package(ringattn)).
+//
+//   ringattn::Context ctx;                                 // MPI_COMM_WORLD, CPU backend, MPI
+//   ringattn::Shard shard{.batch = 1, .rows = ctx.rows(L, spec), .heads = 8, .kv_heads = 8, .head_dim = 128};
+//   ctx.forward(shard, spec, q, k, v, o, lse);             // this rank's rows only
+//   ctx.backward(shard, spec, q, k, v, o, lse, dout, dq, dk, dv);
+//
+// Tensors (SPEC.md "Tensors and files"), row-major, this rank's rows in the layout's order:
+//   q, dout (B, rows, H, D); k, v (B, rows, Hkv, D) in the shard's element type;
+//   o (B, rows, H, D), lse (B, H, rows), dq (B, rows, H, D), dk, dv (B, rows, Hkv, D): float32.
+// Pointers are in the backend's memory (host memory for the CPU backend, device memory for CUDA).
+// Every call is collective over the context's ranks, which must make the same calls in the same
+// order. The caller owns MPI_Init_thread (MPI_THREAD_FUNNELED or more) and MPI_Finalize, and calls
+// from the thread that created the context.
+//
+// Errors. A bad argument on any rank throws ArgumentError on every rank, naming the argument,
+// before any tensor data moves (shapes that differ between ranks are bad arguments too). A peer
+// that died or stopped answering throws std::runtime_error within the timeout; after that the
+// context is no longer usable (end the job).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ringattn {
+
+class AttentionBackend;  // the program's own jobs reach the backend (runtime/backend.hpp)
+
+// A bad argument; what() begins with the argument's name.
+class ArgumentError : public std::invalid_argument {
+ public:
+  enum class Kind { value, type };
+  ArgumentError(std::string argument, const std::string& message, Kind kind = Kind::value)
+      : std::invalid_argument(message), argument_(std::move(argument)), kind_(kind) {}
+  const std::string& argument() const { return argument_; }
+  Kind kind() const { return kind_; }
+
+ private:
+  std::string argument_;
+  Kind kind_;
+};
+
+enum class ElementType { float32, bfloat16 };
+// How positions are sharded over ranks (SPEC.md --layout); automatic = zigzag when causal,
+// contiguous otherwise, as on the command line.
+enum class SequenceLayout { automatic, contiguous, zigzag, striped };
+// How K/V rows move (SPEC.md --schedule).
+enum class KeyValueSchedule { direct, ring };
+
+// The mask (SPEC.md "Masks"): enabled conditions combine by intersection.
+struct MaskSpec {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded on that side
+  std::vector<int64_t> doc_lens;                // packed documents, summing to L; empty: one
+  std::vector<uint8_t> block_mask;              // (n, n), n = ceil(L / mask_block); empty: none
+  int64_t mask_block = 128;
+  // BigBird block mask (blocks of mask_block): used when bigbird_global/window/random is not -1.
+  int64_t bigbird_global = -1, bigbird_window = -1, bigbird_random = -1;
+  uint64_t bigbird_seed = 0;
+  bool has_bigbird() const { return bigbird_global >= 0 || bigbird_window >= 0 || bigbird_random >= 0; }
+};
+
+// What one call computes besides the tensors.
+struct AttentionSpec {
+  MaskSpec mask;
+  SequenceLayout layout = SequenceLayout::automatic;
+  KeyValueSchedule schedule = KeyValueSchedule::direct;
+  double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
+  // Hybrid sequence parallelism (DeepSpeed-Ulysses inside groups of this many consecutive ranks,
+  // the ring across the groups); 1: the ring alone. Must divide the ranks and the heads.
+  int ulysses = 1;
+};
+
+// This rank's shard: the tensors' shapes and element type.
+struct Shard {
+  int64_t batch = 1;
+  int64_t rows = 0;  // this rank's sequence rows; the sequence length is their sum over ranks
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 64;
+  ElementType dtype = ElementType::float32;
+};
+
+// What one pass cost on this rank.
+struct RingStats {
+  double seconds = 0.0;          // wall time of the ring pass
+  double wait_seconds = 0.0;     // blocked waiting for data: the exposed communication
+  double compute_seconds = 0.0;  // in the kernels
+  uint64_t bytes_sent = 0;       // K/V payload sent by this rank
+  uint64_t bytes_needed = 0;     // K/V bytes this rank's queries need from others (any schedule's floor)
+  uint64_t a2a_bytes_sent = 0;   // sent to the other members of its group by the all-to-alls (ulysses > 1)
+};
+
+struct ContextOptions {
+  std::string backend = "cpu";  // "cpu" or "cuda" (builds with CUDA)
+  std::string comm = "mpi";     // "mpi", or "nccl" with the CUDA backend
+  int threads = 0;              // CPU threads per rank; 0: the node's cores shared among its ranks
+  double timeout_s = 300.0;     // every wait on a peer is bounded by this
+  int device = -1;              // CUDA device; -1: this rank's index on its node, modulo the GPUs
+  // Emulated link (benchmarks: how overlap behaves on a slower network); 0: not emulated.
+  double emulate_bandwidth_gbps = 0.0, emulate_latency_us = 0.0;
+  // The same for the links inside AttentionSpec::ulysses groups (the first pair is then the link
+  // between groups).
+  double emulate_intra_bandwidth_gbps = 0.0, emulate_intra_latency_us = 0.0;
+};
+
+class Context {
+ public:
+  // Collective over `comm` (it is duplicated: the caller's tags never meet ours).
+  explicit Context(MPI_Comm comm = MPI_COMM_WORLD, const ContextOptions& options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const;
+  int size() const;
+  const ContextOptions& options() const;
+
+  // The layout the spec resolves to, and this rank's share of a sequence of seq_len positions.
+  SequenceLayout layout(const AttentionSpec& spec) const;
+  int64_t rows(int64_t seq_len, const AttentionSpec& spec, int rank = -1) const;
+  // Global positions of a rank's rows (default: this rank), ascending: for RoPE and labels.
+  std::vector<int64_t> positions(int64_t seq_len, const AttentionSpec& spec, int rank = -1) const;
+
+  // Checks the arguments on every rank and that the ranks agree; throws ArgumentError on every
+  // rank when any rank's check failed. `local_error` (with its argument and kind) is a failure
+  // this rank found itself (e.g. a binding's type check): it fails the call on every rank.
+  // forward() and backward() call it first; call it alone only to report local_error.
+  void check(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error = nullptr);
+
+  // o and lse of this rank's queries against every visible key on every rank.
+  RingStats forward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
+                    float* o, float* lse);
+  // Given o and lse from forward and dout (the shard's element type): dq, dk, dv of this shard.
+  // dk and dv include the contributions of every rank's queries.
+  RingStats backward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
+                     const float* o, const float* lse, const void* dout, float* dq, float* dk, float* dv);
+
+  // Called after each step of a pass with (steps done, steps in all) (progress lines, tests).
+  void set_step_callback(std::function<void(int, int)> on_step);
+  // Plans (layout, ring plan, buffers) cached so far: one per (shape, mask, layout, schedule).
+  size_t cached_plans() const;
+  // The backend: host/device memory for the program's own jobs (needs the runtime's headers).
+  AttentionBackend& backend();
+  // Sends `bytes` from every rank; recv gets them in rank order (host memory; for unsharding).
+  void allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The BigBird block mask (blocks x blocks, row-major, nonzero = visible) that MaskSpec's bigbird_*
+// fields generate: the same on every rank for the same seed.
+std::vector<uint8_t> bigbird_block_mask(int64_t blocks, int64_t global, int64_t window, int64_t random,
+                                        uint64_t seed);
+
+// The library version, "0.1.0".
+const char* version();
+
+}  // namespace ringattn
