@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/io/temp_output.hpp"
+
 namespace ringattn {
 
 // What a validated header says. The file holds at least data_offset + bytes() bytes.
@@ -88,14 +90,9 @@ class NpyOutput {
   static NpyOutput open(const std::string& path, const std::string& temp_path, const std::string& label,
                         const std::vector<int64_t>& shape);
 
-  NpyOutput(NpyOutput&& other) noexcept;
-  NpyOutput& operator=(NpyOutput&& other) noexcept;
-  NpyOutput(const NpyOutput&) = delete;
-  NpyOutput& operator=(const NpyOutput&) = delete;
-  ~NpyOutput();
-
-  const std::string& path() const { return path_; }
-  const std::string& temp_path() const { return temp_path_; }
+  // Move-only, and the destructor removes an uncommitted temporary file: both come from file_.
+  const std::string& path() const { return file_.path(); }
+  const std::string& temp_path() const { return file_.temp_path(); }
   const std::vector<int64_t>& shape() const { return shape_; }
 
   // Writes this rank's rows (laid out as RowSelection says), one pwrite per run of consecutive
@@ -116,15 +113,11 @@ class NpyOutput {
   static NpyOutput create_as(const std::string& descr, const std::string& path, const std::string& label,
                              const std::vector<int64_t>& shape);
   std::string where() const;
-  void release();  // closes; a creator that did not commit removes the temporary file
 
-  std::string path_, temp_path_, label_;
+  npy_internal::TempOutputFile file_;  // the temporary file's lifecycle, shared with SafetensorsOutput
   std::vector<int64_t> shape_;
   int64_t data_offset_ = 0;
   int64_t data_bytes_ = 0;
-  int fd_ = -1;
-  bool owner_ = false;  // created the temporary file: removes it unless committed
-  bool committed_ = false;
 };
 
 // Writes a whole small float32 array to `path` atomically (temporary file, then rename).

@@ -14,13 +14,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <stdexcept>
 #include <utility>
 
 #include "runtime/errors.hpp"
 #include "runtime/io/npy_file.hpp"
-#include "runtime/io/temp_files.hpp"
 
 namespace ringattn {
 
@@ -187,37 +185,15 @@ NpyOutput NpyOutput::create_as(const std::string& descr, const std::string& path
                                const std::vector<int64_t>& shape) {
   const std::string where = where_of(label, path);
   NpyOutput out;
-  out.path_ = path;
-  out.label_ = label;
   out.shape_ = shape;
   out.data_bytes_ = byte_count(shape, find_dtype(descr)->word_size);
   if (out.data_bytes_ < 0) throw std::invalid_argument(where + "cannot write shape " + format_shape(shape));
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw UsageError(where + "is a directory");
-
-  // Unique among ranks, jobs and hosts writing the same path; O_EXCL makes sure of it.
-  std::random_device entropy;
-  char suffix[64];
-  std::snprintf(suffix, sizeof suffix, ".tmp-%08x%08x-%d", entropy(), entropy(), static_cast<int>(::getpid()));
-  out.temp_path_ = path + suffix;
-  temp_files::add(out.temp_path_);  // before it exists, so that a signal never misses it
-  out.fd_ = ::open(out.temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (out.fd_ < 0) {
-    const int e = errno;
-    temp_files::forget(out.temp_path_);
-    const std::string msg = where + "cannot create " + out.temp_path_ + ": " + std::strerror(e);
-    if (is_usage_errno(e)) throw UsageError(msg);
-    throw RuntimeFault(msg);
-  }
-  out.owner_ = true;  // from here on, a throw removes the temporary file
+  out.file_ = TempOutputFile::create(path, label);
 
   const std::string header = npy_header_bytes(descr, shape);
   out.data_offset_ = static_cast<int64_t>(header.size());
-  pwrite_all(out.fd_, header.data(), out.data_offset_, 0, out.where());
   const int64_t total = out.data_offset_ + out.data_bytes_;
-  int rc = ::posix_fallocate(out.fd_, 0, total);
-  if (rc == EOPNOTSUPP) rc = ::ftruncate(out.fd_, total) == 0 ? 0 : errno;  // no reservation on this file system
-  if (rc)
+  if (const int rc = out.file_.write_header_and_reserve(header, total))
     throw RuntimeFault(out.where() + "cannot reserve " + human_bytes(static_cast<double>(total)) + " (" +
                        std::to_string(total) + " bytes): " + std::strerror(rc));
   return out;
@@ -226,20 +202,15 @@ NpyOutput NpyOutput::create_as(const std::string& descr, const std::string& path
 NpyOutput NpyOutput::open(const std::string& path, const std::string& temp_path, const std::string& label,
                           const std::vector<int64_t>& shape) {
   NpyOutput out;
-  out.path_ = path;
-  out.temp_path_ = temp_path;
-  out.label_ = label;
   out.shape_ = shape;
   out.data_bytes_ = byte_count(shape, 4);
-  out.fd_ = ::open(temp_path.c_str(), O_RDWR | O_CLOEXEC);
-  if (out.fd_ < 0)
-    throw RuntimeFault(out.where() + "cannot open the temporary file another rank created: " + std::strerror(errno));
+  out.file_ = TempOutputFile::open(path, temp_path, label);
   // The ranks must agree on what they write; a header that differs is a fault between them.
   struct stat st {};
-  if (::fstat(out.fd_, &st) != 0) throw RuntimeFault(out.where() + "cannot stat: " + std::strerror(errno));
+  if (::fstat(out.file_.fd(), &st) != 0) throw RuntimeFault(out.where() + "cannot stat: " + std::strerror(errno));
   NpyInfo info;
   try {
-    info = inspect_open(out.fd_, st.st_size, temp_path, label);
+    info = inspect_open(out.file_.fd(), st.st_size, temp_path, label);
   } catch (const UsageError& e) {
     throw RuntimeFault(e.what());
   }
@@ -250,80 +221,26 @@ NpyOutput NpyOutput::open(const std::string& path, const std::string& temp_path,
   return out;
 }
 
-NpyOutput::NpyOutput(NpyOutput&& other) noexcept { *this = std::move(other); }
-
-NpyOutput& NpyOutput::operator=(NpyOutput&& other) noexcept {
-  if (this == &other) return *this;
-  release();
-  path_ = std::move(other.path_);
-  temp_path_ = std::move(other.temp_path_);
-  label_ = std::move(other.label_);
-  shape_ = std::move(other.shape_);
-  data_offset_ = other.data_offset_;
-  data_bytes_ = other.data_bytes_;
-  fd_ = std::exchange(other.fd_, -1);
-  owner_ = std::exchange(other.owner_, false);
-  committed_ = other.committed_;
-  return *this;
-}
-
-NpyOutput::~NpyOutput() { release(); }
-
-void NpyOutput::release() {
-  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  if (std::exchange(owner_, false) && !committed_) {
-    ::unlink(temp_path_.c_str());
-    temp_files::forget(temp_path_);
-  }
-}
-
-std::string NpyOutput::where() const { return where_of(label_, path_) + "(writing " + temp_path_ + ") "; }
+std::string NpyOutput::where() const { return file_.where(); }
 
 void NpyOutput::write_rows(const RowSelection& rows, const float* data) {
-  if (fd_ < 0) throw std::logic_error(where() + "write_rows after finish, commit or discard");
-  for_each_run(rows, data_bytes_ / 4, where(), [&](int64_t file_element, int64_t buffer_element, int64_t n) {
-    pwrite_all(fd_, data + buffer_element, n * 4, data_offset_ + file_element * 4, where());
-  });
+  file_.write_rows(data_offset_, data_bytes_ / 4, rows, data, where());
 }
 
-void NpyOutput::finish() {
-  if (fd_ < 0) return;
-  const int fd = std::exchange(fd_, -1);
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw RuntimeFault(where() + "flushing to disk failed: " + std::strerror(e));
-  }
-  if (::close(fd) != 0 && errno != EINTR) throw RuntimeFault(where() + "closing failed: " + std::strerror(errno));
-}
+void NpyOutput::finish() { file_.finish(); }
 
 void NpyOutput::commit() {
-  if (committed_) return;
-  try {
-    finish();
-    if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
-      throw RuntimeFault(where() + "cannot rename to the final path: " + std::strerror(errno));
-  } catch (...) {
-    discard();
-    throw;
-  }
-  committed_ = true;
-  temp_files::forget(temp_path_);
-  sync_directory_of(path_);
+  if (file_.committed()) return;
+  file_.commit();
+  sync_directory_of(path());
 }
 
-void NpyOutput::discard() {
-  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  if (!committed_ && !temp_path_.empty()) {
-    ::unlink(temp_path_.c_str());
-    temp_files::forget(temp_path_);
-  }
-}
+void NpyOutput::discard() { file_.discard(); }
 
 void write_npy_whole(const std::string& path, const std::string& label, const std::string& descr,
                      const std::vector<int64_t>& shape, const void* data) {
   NpyOutput out = NpyOutput::create_as(descr, path, label, shape);
-  pwrite_all(out.fd_, data, out.data_bytes_, out.data_offset_, out.where());
+  pwrite_all(out.file_.fd(), data, out.data_bytes_, out.data_offset_, out.where());
   out.commit();
 }
 

@@ -15,6 +15,7 @@
 
 #include "runtime/io/npy.hpp"
 #include "runtime/io/safetensors.hpp"
+#include "runtime/io/temp_output.hpp"
 
 namespace ringattn {
 
@@ -28,13 +29,8 @@ class SafetensorsOutput {
   static SafetensorsOutput open(const std::string& path, const std::string& temp_path, const std::string& label,
                                 const std::vector<SafetensorsEntry>& tensors, const Metadata& metadata);
 
-  SafetensorsOutput(SafetensorsOutput&& other) noexcept;
-  SafetensorsOutput& operator=(SafetensorsOutput&& other) noexcept;
-  SafetensorsOutput(const SafetensorsOutput&) = delete;
-  SafetensorsOutput& operator=(const SafetensorsOutput&) = delete;
-  ~SafetensorsOutput();
-
-  const std::string& temp_path() const { return temp_path_; }
+  // Move-only, and the destructor removes an uncommitted temporary file: both come from file_.
+  const std::string& temp_path() const { return file_.temp_path(); }
   // Writes this rank's rows of tensor `index` (laid out as RowSelection says over its shape).
   void write_rows(size_t index, const RowSelection& rows, const float* data);
   void finish();  // flushes and closes; every rank calls it before the barrier
@@ -43,16 +39,12 @@ class SafetensorsOutput {
 
  private:
   SafetensorsOutput() = default;
-  std::string where() const;
-  void release();
 
-  std::string path_, temp_path_, label_;
+  npy_internal::TempOutputFile file_;  // the temporary file's lifecycle, shared with NpyOutput
   std::string header_;
   std::vector<SafetensorsEntry> tensors_;
   std::vector<int64_t> offsets_;
   int64_t total_bytes_ = 0;
-  int fd_ = -1;
-  bool owner_ = false, committed_ = false;
 };
 
 }  // namespace ringattn
