@@ -46,44 +46,52 @@ void score_row(const AttentionDims& dims, const float* qi, int64_t qpos, const f
   }
 }
 
+// The loop nest of the forward and the backward reference: row(b, i, h, kvh, span) for every
+// batch, query row and head, with the keys its mask may show (one place, so both passes walk
+// the same rows and spans).
+template <class Row>
+void for_each_row(const AttentionDims& dims, const int64_t* q_pos, int64_t q_rows, const int64_t* k_pos,
+                  int64_t k_rows, const MaskView& mask, Row&& row) {
+  const int64_t group = dims.heads / dims.kv_heads;
+  const bool sorted = std::is_sorted(k_pos, k_pos + k_rows);
+  for (int64_t b = 0; b < dims.batch; ++b)
+    for (int64_t i = 0; i < q_rows; ++i)
+      for (int64_t h = 0; h < dims.heads; ++h) row(b, i, h, h / group, key_span(mask, q_pos[i], k_pos, k_rows, sorted));
+}
+
 template <class T>
 void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows, const float* k,
                   const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask, T* o, T* lse,
                   double* max_abs_score = nullptr, SamePrecision precision = SamePrecision::fp32) {
-  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
+  const int64_t H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<size_t>(k_rows));
-  const bool sorted = std::is_sorted(k_pos, k_pos + k_rows);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < q_rows; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t kvh = h / group;
-        const float* qi = q + ((b * q_rows + i) * H + h) * D;
-        T* oi = o + ((b * q_rows + i) * H + h) * D;
-        const KeySpan span = key_span(mask, q_pos[i], k_pos, k_rows, sorted);
-        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
-        T m = neg_inf;
-        for (int64_t j = span.first; j < span.last; ++j) {
-          m = std::max(m, s[j]);
-          if (max_abs_score && s[j] != neg_inf) *max_abs_score = std::max(*max_abs_score, double(std::abs(s[j])));
-        }
-        for (int64_t d = 0; d < D; ++d) oi[d] = 0;
-        if (m == neg_inf) {
-          lse[(b * H + h) * q_rows + i] = neg_inf;
-          continue;
-        }
-        T sum = 0;
-        for (int64_t j = span.first; j < span.last; ++j) {
-          if (s[j] == neg_inf) continue;
-          const T p = std::exp(s[j] - m);
-          sum += p;
-          const T pv = product_operand(p, precision);
-          const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
-          for (int64_t d = 0; d < D; ++d) oi[d] += pv * T(vj[d]);
-        }
-        for (int64_t d = 0; d < D; ++d) oi[d] /= sum;
-        lse[(b * H + h) * q_rows + i] = m + std::log(sum);
-      }
+  for_each_row(dims, q_pos, q_rows, k_pos, k_rows, mask, [&](int64_t b, int64_t i, int64_t h, int64_t kvh, KeySpan span) {
+    const float* qi = q + ((b * q_rows + i) * H + h) * D;
+    T* oi = o + ((b * q_rows + i) * H + h) * D;
+    score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
+    T m = neg_inf;
+    for (int64_t j = span.first; j < span.last; ++j) {
+      m = std::max(m, s[j]);
+      if (max_abs_score && s[j] != neg_inf) *max_abs_score = std::max(*max_abs_score, double(std::abs(s[j])));
+    }
+    for (int64_t d = 0; d < D; ++d) oi[d] = 0;
+    if (m == neg_inf) {
+      lse[(b * H + h) * q_rows + i] = neg_inf;
+      return;
+    }
+    T sum = 0;
+    for (int64_t j = span.first; j < span.last; ++j) {
+      if (s[j] == neg_inf) continue;
+      const T p = std::exp(s[j] - m);
+      sum += p;
+      const T pv = product_operand(p, precision);
+      const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
+      for (int64_t d = 0; d < D; ++d) oi[d] += pv * T(vj[d]);
+    }
+    for (int64_t d = 0; d < D; ++d) oi[d] /= sum;
+    lse[(b * H + h) * q_rows + i] = m + std::log(sum);
+  });
 }
 
 template <class T>
@@ -91,49 +99,44 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
                    const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout, const T* lse,
                    const T* delta, const MaskView& mask, T* dq, T* dk, T* dv,
                    const GradientMagnitudes* magnitude = nullptr, SamePrecision precision = SamePrecision::fp32) {
-  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
+  const int64_t H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const T scale = dims.scale;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<size_t>(k_rows));
-  const bool sorted = std::is_sorted(k_pos, k_pos + k_rows);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < q_rows; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const T l = lse[(b * H + h) * q_rows + i];
-        if (l == neg_inf) continue;  // a row that sees no key contributes nothing
-        const int64_t kvh = h / group;
-        const float* qi = q + ((b * q_rows + i) * H + h) * D;
-        const float* doi = dout + ((b * q_rows + i) * H + h) * D;
-        T* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
-        const T di = delta[(b * H + h) * q_rows + i];
-        const KeySpan span = key_span(mask, q_pos[i], k_pos, k_rows, sorted);
-        score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
-        for (int64_t j = span.first; j < span.last; ++j) {
-          if (s[j] == neg_inf) continue;
-          const T p = std::exp(s[j] - l);
-          const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
-          const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
-          T dp = 0;
-          for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
-          const T ds = product_operand(p * (dp - di) * scale, precision), pv = product_operand(p, precision);
-          T* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
-          T* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
-          for (int64_t d = 0; d < D; ++d) {
-            if (dqi) dqi[d] += ds * T(kj[d]);
-            if (dkj) dkj[d] += ds * T(qi[d]);
-            if (dvj) dvj[d] += pv * T(doi[d]);
-          }
-          if (magnitude) {
-            const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));
-            const int64_t qe = ((b * q_rows + i) * H + h) * D, ke = ((b * k_rows + j) * Hkv + kvh) * D;
-            for (int64_t d = 0; d < D; ++d) {
-              if (magnitude->dq) magnitude->dq[qe + d] += ds_abs * std::abs(double(kj[d]));
-              if (magnitude->dk) magnitude->dk[ke + d] += ds_abs * std::abs(double(qi[d]));
-              if (magnitude->dv) magnitude->dv[ke + d] += double(p) * std::abs(double(doi[d]));
-            }
-          }
+  for_each_row(dims, q_pos, q_rows, k_pos, k_rows, mask, [&](int64_t b, int64_t i, int64_t h, int64_t kvh, KeySpan span) {
+    const T l = lse[(b * H + h) * q_rows + i];
+    if (l == neg_inf) return;  // a row that sees no key contributes nothing
+    const float* qi = q + ((b * q_rows + i) * H + h) * D;
+    const float* doi = dout + ((b * q_rows + i) * H + h) * D;
+    T* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
+    const T di = delta[(b * H + h) * q_rows + i];
+    score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
+    for (int64_t j = span.first; j < span.last; ++j) {
+      if (s[j] == neg_inf) continue;
+      const T p = std::exp(s[j] - l);
+      const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
+      const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
+      T dp = 0;
+      for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
+      const T ds = product_operand(p * (dp - di) * scale, precision), pv = product_operand(p, precision);
+      T* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
+      T* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
+      for (int64_t d = 0; d < D; ++d) {
+        if (dqi) dqi[d] += ds * T(kj[d]);
+        if (dkj) dkj[d] += ds * T(qi[d]);
+        if (dvj) dvj[d] += pv * T(doi[d]);
+      }
+      if (magnitude) {
+        const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));
+        const int64_t qe = ((b * q_rows + i) * H + h) * D, ke = ((b * k_rows + j) * Hkv + kvh) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          if (magnitude->dq) magnitude->dq[qe + d] += ds_abs * std::abs(double(kj[d]));
+          if (magnitude->dk) magnitude->dk[ke + d] += ds_abs * std::abs(double(qi[d]));
+          if (magnitude->dv) magnitude->dv[ke + d] += double(p) * std::abs(double(doi[d]));
         }
       }
+    }
+  });
 }
 
 }  // namespace

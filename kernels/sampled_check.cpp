@@ -30,24 +30,26 @@ void compare(TensorError& e, const float* got, const double* ref, const float* s
       }
 }
 
-// Forward states of rows at positions `at` (B, S, H, D and B, H, S) in both precisions, and delta.
-struct States {
-  std::vector<double> o, lse, delta;
-  std::vector<float> o32, lse32, delta32;
-};
-
-States forward(const WholeProblem& p, const std::vector<float>& qs, const std::vector<float>& ds,
+// Forward states of rows at positions `at` in both precisions, and delta when dO is given.
+RowStates forward(const WholeProblem& p, const std::vector<float>& qs, const std::vector<float>& ds,
                const std::vector<int64_t>& at, const std::vector<int64_t>& all) {
   const int64_t B = p.dims.batch, H = p.dims.heads, D = p.dims.head_dim, S = static_cast<int64_t>(at.size());
-  States st;
+  RowStates st;
   st.o.resize(static_cast<size_t>(B * S * H * D)), st.lse.resize(static_cast<size_t>(B * H * S));
   st.o32.resize(st.o.size()), st.lse32.resize(st.lse.size());
   reference_forward(p.dims, qs.data(), at.data(), S, p.k, p.v, all.data(), p.seq_len, p.mask, st.o.data(),
                     st.lse.data());
   naive_forward_fp32(p.dims, qs.data(), at.data(), S, p.k, p.v, all.data(), p.seq_len, p.mask, st.o32.data(),
                      st.lse32.data(), p.precision);
-  if (ds.empty()) return st;
-  st.delta.assign(st.lse.size(), 0.0), st.delta32.assign(st.lse.size(), 0.0f);
+  if (!ds.empty()) add_deltas(p.dims, S, ds, st);
+  return st;
+}
+
+}  // namespace
+
+void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st) {
+  const int64_t B = dims.batch, H = dims.heads, D = dims.head_dim;
+  st.delta.assign(static_cast<size_t>(B * H * S), 0.0), st.delta32.assign(st.delta.size(), 0.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < H; ++h) {
@@ -55,21 +57,40 @@ States forward(const WholeProblem& p, const std::vector<float>& qs, const std::v
         float acc32 = 0.0f;
         for (int64_t d = 0; d < D; ++d) {
           const size_t e = static_cast<size_t>(((b * S + s) * H + h) * D + d);
-          acc += st.o[e] * double(ds[e]);
-          acc32 += st.o32[e] * ds[e];
+          acc += st.o[e] * double(dout[e]);
+          acc32 += st.o32[e] * dout[e];
         }
         st.delta[static_cast<size_t>((b * H + h) * S + s)] = acc;
         st.delta32[static_cast<size_t>((b * H + h) * S + s)] = acc32;
       }
-  return st;
 }
 
-int64_t keys_seen(const MaskView& mv, int64_t i, int64_t L) {
-  const PosRange r = key_range(mv, i);
+int64_t keys_seen(const MaskView& mask, int64_t i, int64_t L) {
+  const PosRange r = key_range(mask, i);
   return std::max<int64_t>(0, std::min(r.hi, L - 1) - std::max<int64_t>(r.lo, 0) + 1);
 }
 
-}  // namespace
+KeySplit split_keys_by_cost(const MaskView& mask, int64_t L, const std::vector<int64_t>& keys, double budget,
+                            double pair_cost) {
+  std::vector<std::pair<double, int64_t>> cost;
+  for (int64_t j : keys) {
+    const PosRange r = query_range(mask, j);
+    double c = 0.0;  // stops once over the budget: such a key is not recomputed anyway
+    for (int64_t i = std::max<int64_t>(r.lo, 0); i <= std::min(r.hi, L - 1) && c <= budget; ++i)
+      c += double(keys_seen(mask, i, L)) * pair_cost;
+    cost.emplace_back(c, j);
+  }
+  std::sort(cost.begin(), cost.end());
+  KeySplit split;
+  double spent = 0.0;
+  for (const auto& [c, j] : cost) {
+    if (spent + c <= budget) spent += c, split.recomputed.push_back(j);
+    else split.trusted.push_back(j);
+  }
+  std::sort(split.recomputed.begin(), split.recomputed.end());
+  std::sort(split.trusted.begin(), split.trusted.end());
+  return split;
+}
 
 SampledErrors check_sampled_rows(const WholeProblem& p, const KernelResults& got, const std::vector<int64_t>& sample) {
   const int64_t B = p.dims.batch, H = p.dims.heads, Hkv = p.dims.kv_heads, D = p.dims.head_dim, L = p.seq_len;
@@ -80,7 +101,7 @@ SampledErrors check_sampled_rows(const WholeProblem& p, const KernelResults& got
   const bool backward = got.dq && p.dout;
   const std::vector<float> qs = gather(p.q, B, L, H * D, sample);
   const std::vector<float> ds = backward ? gather(p.dout, B, L, H * D, sample) : std::vector<float>();
-  const States st = forward(p, qs, ds, sample, all);
+  const RowStates st = forward(p, qs, ds, sample, all);
   compare(r.o, got.o, st.o.data(), st.o32.data(), B, L, H * D, sample);
   compare(r.lse, got.lse, st.lse.data(), st.lse32.data(), B * H, L, 1, sample);  // (B, H, L) as (B*H, L, 1)
   if (!backward) return r;
@@ -93,26 +114,12 @@ SampledErrors check_sampled_rows(const WholeProblem& p, const KernelResults& got
                       st.delta32.data(), p.mask, dq32.data(), nullptr, nullptr, p.precision);
   compare(r.dq, got.dq, dq.data(), dq32.data(), B, L, H * D, sample);
 
-  // dK, dV: the keys whose queries' LSE fits the budget, cheapest first, with fp64 LSE and delta.
-  std::vector<std::pair<double, int64_t>> cost;
-  for (int64_t j : sample) {
-    const PosRange qr = query_range(p.mask, j);
-    double c = 0.0;
-    for (int64_t i = std::max<int64_t>(qr.lo, 0); i <= std::min(qr.hi, L - 1) && c <= kRecomputeMacs; ++i)
-      c += double(keys_seen(p.mask, i, L)) * double(B * H * D);
-    cost.emplace_back(c, j);
-  }
-  std::sort(cost.begin(), cost.end());
-  std::vector<int64_t> recomputed, trusted;
-  double spent = 0.0;
-  for (const auto& [c, j] : cost) {
-    if (spent + c <= kRecomputeMacs) spent += c, recomputed.push_back(j);
-    else trusted.push_back(j);
-  }
-  r.keys_recomputed = static_cast<int>(recomputed.size());
-  auto judge = [&](std::vector<int64_t> keys, bool recompute) {
+  // dK, dV: the keys whose queries' LSE fits the budget (multiply-adds), cheapest first, with fp64
+  // LSE and delta.
+  const KeySplit split = split_keys_by_cost(p.mask, L, sample, kRecomputeMacs, double(B * H * D));
+  r.keys_recomputed = static_cast<int>(split.recomputed.size());
+  auto judge = [&](const std::vector<int64_t>& keys, bool recompute) {
     if (keys.empty()) return;
-    std::sort(keys.begin(), keys.end());
     const int64_t K = static_cast<int64_t>(keys.size());
     const std::vector<float> ks = gather(p.k, B, L, Hkv * D, keys), vs = gather(p.v, B, L, Hkv * D, keys);
     std::vector<double> dk(static_cast<size_t>(B * K * Hkv * D), 0.0), dv(dk.size(), 0.0);
@@ -127,7 +134,7 @@ SampledErrors check_sampled_rows(const WholeProblem& p, const KernelResults& got
     if (users.empty()) return;
     const int64_t U = static_cast<int64_t>(users.size());
     const std::vector<float> qu = gather(p.q, B, L, H * D, users), du = gather(p.dout, B, L, H * D, users);
-    States su;
+    RowStates su;
     if (recompute) {
       su = forward(p, qu, du, users, all);
     } else {  // the kernel's LSE, and delta from its O
@@ -153,8 +160,8 @@ SampledErrors check_sampled_rows(const WholeProblem& p, const KernelResults& got
     compare(r.dk, got.dk, dk.data(), dk32.data(), B, L, Hkv * D, keys);
     compare(r.dv, got.dv, dv.data(), dv32.data(), B, L, Hkv * D, keys);
   };
-  judge(recomputed, true);
-  judge(trusted, false);
+  judge(split.recomputed, true);
+  judge(split.trusted, false);
   return r;
 }
 

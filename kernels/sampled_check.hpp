@@ -40,6 +40,31 @@ struct SampledErrors {
   int wrong_backward() const { return !dq.passed() + !dk.passed() + !dv.passed(); }
 };
 
+// Forward states of S query rows in fp64 and in the same precision: O (B, S, H, D), LSE and
+// delta (B, H, S). Shared with the distributed --check (runtime/check.cpp), so that both checks
+// build their references from one piece of code and judge by the same numbers.
+struct RowStates {
+  double max_score = 0.0;  // largest |scaled score| of a visible pair (set by the distributed check)
+  std::vector<double> o, lse, delta;
+  std::vector<float> o32, lse32, delta32;
+};
+
+// delta = rowsum(dO * O) in both precisions, (B, H, S), from st.o, st.o32 and dO (B, S, H, D).
+void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st);
+
+// Visible keys of the query at position i of an L-row sequence (an upper bound under a block
+// mask): the cost measure of both checks' recompute budgets.
+int64_t keys_seen(const MaskView& mask, int64_t i, int64_t L);
+
+// The sampled keys split by the cost of recomputing fp64 LSE and delta for every query that sees
+// them (keys_seen of each such query x pair_cost): cheapest first while the total fits `budget`,
+// the rest judged with the kernel's (the ring's) LSE and delta. Both lists in ascending position.
+struct KeySplit {
+  std::vector<int64_t> recomputed, trusted;
+};
+KeySplit split_keys_by_cost(const MaskView& mask, int64_t L, const std::vector<int64_t>& keys, double budget,
+                            double pair_cost);
+
 // `sample`: positions of the sampled query rows, also the sampled key rows.
 SampledErrors check_sampled_rows(const WholeProblem& problem, const KernelResults& got,
                                  const std::vector<int64_t>& sample);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/reference.hpp"
+#include "kernels/sampled_check.hpp"
 
 namespace ringattn {
 
@@ -16,6 +17,9 @@ namespace {
 
 using comm::DataType;
 using comm::ReduceOp;
+using kernels::add_deltas;
+using kernels::keys_seen;
+using kernels::RowStates;
 using kernels::SamePrecision;
 using kernels::TensorError;
 
@@ -77,14 +81,6 @@ void merge_partial_states(comm::Communicator& comm, int64_t B, int64_t S, int64_
       }
 }
 
-// Forward results of shared query rows `qs` at `pos` over the whole sequence, in fp64 and in the
-// same precision; every rank ends with both.
-struct RowStates {
-  double max_score = 0.0;  // largest |scaled score| of a visible pair, over ranks
-  std::vector<double> o, lse, delta;
-  std::vector<float> o32, lse32, delta32;
-};
-
 struct Shard {
   const ShardLayout& layout;
   const MaskView& mask;
@@ -95,6 +91,8 @@ struct Shard {
   SamePrecision precision;
 };
 
+// Forward results of shared query rows `qs` at `pos` over the whole sequence, in fp64 and in the
+// same precision; every rank ends with both (max_score: over ranks).
 RowStates forward_states(comm::Communicator& comm, const Shard& sh, const std::vector<float>& qs,
                          const std::vector<int64_t>& pos) {
   const int64_t B = sh.dims.batch, H = sh.dims.heads, D = sh.dims.head_dim, S = static_cast<int64_t>(pos.size());
@@ -109,25 +107,6 @@ RowStates forward_states(comm::Communicator& comm, const Shard& sh, const std::v
   merge_partial_states(comm, B, S, H, D, r.o, r.lse);
   merge_partial_states(comm, B, S, H, D, r.o32, r.lse32);
   return r;
-}
-
-// delta = rowsum(dO * O) in both precisions, (B, H, S) from O and dO (B, S, H, D).
-void add_deltas(const kernels::AttentionDims& dims, int64_t S, const std::vector<float>& dos, RowStates& r) {
-  const int64_t B = dims.batch, H = dims.heads, D = dims.head_dim;
-  r.delta.assign(static_cast<size_t>(B * H * S), 0.0), r.delta32.assign(r.delta.size(), 0.0f);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h) {
-        double acc = 0.0;
-        float acc32 = 0.0f;
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = static_cast<size_t>(((b * S + s) * H + h) * D + d);
-          acc += r.o[e] * double(dos[e]);
-          acc32 += r.o32[e] * dos[e];
-        }
-        r.delta[static_cast<size_t>((b * H + h) * S + s)] = acc;
-        r.delta32[static_cast<size_t>((b * H + h) * S + s)] = acc32;
-      }
 }
 
 // The rule's inputs over the rows at `pos` this rank owns, reduced over ranks; ref and same are
@@ -155,12 +134,6 @@ double max_of(const std::vector<double>& x) {
   double m = 0.0;
   for (double e : x) m = std::max(m, e);
   return m;
-}
-
-// Visible keys of the query at position i (an upper bound under a block mask).
-int64_t keys_seen(const MaskView& mv, int64_t i, int64_t L) {
-  const PosRange r = key_range(mv, i);
-  return std::max<int64_t>(0, std::min(r.hi, L - 1) - std::max<int64_t>(r.lo, 0) + 1);
 }
 
 // dK, dV of the sampled keys at `keys` (B, K, Hkv, D), in fp64 and the same precision, summed over
@@ -356,23 +329,8 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   double forward_pairs = 0.0;
   for (int64_t i : pos) forward_pairs += double(keys_seen(mv, i, L));
   const double budget = std::max(kRecomputeFactor * forward_pairs, kRecomputeFloor / double(B * H * D));
-  std::vector<std::pair<double, int64_t>> cost;
-  for (int64_t j : pos) {
-    const PosRange r = query_range(mv, j);
-    double c = 0.0;
-    for (int64_t i = std::max<int64_t>(r.lo, 0); i <= std::min(r.hi, L - 1) && c <= budget; ++i) c += double(keys_seen(mv, i, L));
-    cost.emplace_back(c, j);
-  }
-  std::sort(cost.begin(), cost.end());
-  std::vector<int64_t> recomputed, trusted;
-  double spent = 0.0;
-  for (const auto& [c, j] : cost) {
-    if (spent + c <= budget) spent += c, recomputed.push_back(j);
-    else trusted.push_back(j);
-  }
-  std::sort(recomputed.begin(), recomputed.end());
-  std::sort(trusted.begin(), trusted.end());
-  rep.keys_recomputed = static_cast<int>(recomputed.size());
+  const kernels::KeySplit split = kernels::split_keys_by_cost(mv, L, pos, budget, 1.0);  // budget in pairs
+  rep.keys_recomputed = static_cast<int>(split.recomputed.size());
   auto judge = [&](const std::vector<int64_t>& keys, bool recompute) {
     if (keys.empty()) return;
     const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, keys);
@@ -385,8 +343,8 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
     dk.rounding = score_rounding * max_of(g.dk_terms), dv.rounding = score_rounding * max_of(g.dv_terms);
     rep.dk.merge(dk), rep.dv.merge(dv);
   };
-  judge(recomputed, true);
-  judge(trusted, false);
+  judge(split.recomputed, true);
+  judge(split.trusted, false);
   return rep;
 }
 
