@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 launch/setup.sh
 launch/build.sh
 source launch/env.sh
-ctest --test-dir build --output-on-failure --timeout 600
+ctest --test-dir build --output-on-failure --timeout 600 -j"$(nproc)"
 
 # The NCCL path with no GPU: the whole program built on the CPU emulation of CUDA and NCCL
 # (emulation/), and its tests (label nccl_emulation: the NCCL communicator, attention through
@@ -25,7 +25,7 @@ fi
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -LE "slow|memory"
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$(nproc)" -LE "slow|memory"
 
 # Fuzzing: libFuzzer with clang, bounded time shared by the .npy and safetensors readers, each
 # seeded with its own corpus under tests/fuzz/corpus.

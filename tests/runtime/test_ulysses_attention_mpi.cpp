@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/reference.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/errors.hpp"
@@ -150,8 +151,11 @@ Whole run_and_check(comm::Communicator& comm, const Case& given) {
                               nl.data());
   kernels::attention_delta(dims, c.L, no.data(), da.data(), DType::f32, nd.data());
   std::vector<float> ndq(qa.size(), 0.0f), ndk(ka.size(), 0.0f), ndv(ka.size(), 0.0f);
+  // bf16 inputs on the bf16 dot-product kernels round P and dS to bf16 (FlashAttention-2's
+  // contract), and so does the baseline they are judged against.
   kernels::naive_backward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                               nl.data(), nd.data(), mv, ndq.data(), ndk.data(), ndv.data());
+                               nl.data(), nd.data(), mv, ndq.data(), ndk.data(), ndv.data(),
+                               kernels::cpu_same_precision(c.dtype));
 
   auto mine = [&](const auto& full, int64_t width) {
     std::vector<double> out(size_t(c.B * rows * width));
