@@ -17,7 +17,7 @@
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
 #include "launch/mask_options.hpp"
-#include "runtime/io/npy_outputs.hpp"
+#include "launch/npy_outputs.hpp"
 #include "launch/options_util.hpp"
 #include "launch/statistics.hpp"
 #include "launch/summary.hpp"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "runtime/io/npy_outputs.hpp"
+#include "launch/npy_outputs.hpp"
 #include "runtime/io/safetensors_output.hpp"
 #include "runtime/lora/layer.hpp"
 

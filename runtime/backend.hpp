@@ -28,13 +28,40 @@ class AttentionBackend {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
 
+  // Queued on the backend's stream (immediate on the CPU): dst <- src, both in backend memory, and
+  // dst += src (fp32). The row walks below are written once on top of these two.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void accumulate(float* dst, const float* src, size_t n) = 0;
+
   // dst (batch, sum of ranges, row_bytes) <- rows of src (batch, src_rows, row_bytes).
-  virtual void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
-                           const std::vector<RowRange>& ranges) = 0;
-  // dst rows += src (fp32): the inverse of gather_rows, used to return gradient partials.
-  virtual void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
-                                const std::vector<RowRange>& ranges) = 0;
-  virtual void add(float* dst, const float* src, size_t n) = 0;  // dst += src
+  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
+                   const std::vector<RowRange>& ranges) {
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        const size_t n = static_cast<size_t>(r.end - r.begin) * row_bytes;
+        if (n) copy(out, in + static_cast<size_t>(b * src_rows + r.begin) * row_bytes, n);
+        out += n;
+      }
+  }
+  // dst rows += src (fp32): the inverse of gather_rows, used to return gradient partials. Returns
+  // with the sums done (waits for the device).
+  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
+                        const std::vector<RowRange>& ranges) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (const RowRange& r : ranges) {
+        const int64_t n = (r.end - r.begin) * row_elems;
+        if (n) accumulate(dst + (b * dst_rows + r.begin) * row_elems, src, static_cast<size_t>(n));
+        src += n;
+      }
+    synchronize();
+  }
+  // dst += src, done on return.
+  void add(float* dst, const float* src, size_t n) {
+    accumulate(dst, src, n);
+    synchronize();
+  }
 
   // The kernels, with the semantics of kernels/cpu/attention_cpu.hpp; pointers are backend memory,
   // positions are host arrays. `progress` is called between tiles (may be empty).

@@ -27,30 +27,9 @@ class CpuBackend final : public AttentionBackend {
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
-  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
-                   const std::vector<RowRange>& ranges) override {
-    auto* out = static_cast<char*>(dst);
-    const auto* in = static_cast<const char*>(src);
-    for (int64_t b = 0; b < batch; ++b)
-      for (const RowRange& r : ranges) {
-        const size_t n = static_cast<size_t>(r.end - r.begin) * row_bytes;
-        std::memcpy(out, in + (static_cast<size_t>(b * src_rows + r.begin)) * row_bytes, n);
-        out += n;
-      }
-  }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
-  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
-                        const std::vector<RowRange>& ranges) override {
-    for (int64_t b = 0; b < batch; ++b)
-      for (const RowRange& r : ranges) {
-        float* out = dst + (b * dst_rows + r.begin) * row_elems;
-        const int64_t n = (r.end - r.begin) * row_elems;
-        for (int64_t i = 0; i < n; ++i) out[i] += src[i];
-        src += n;
-      }
-  }
-
-  void add(float* dst, const float* src, size_t n) override {
+  void accumulate(float* dst, const float* src, size_t n) override {
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   }
 

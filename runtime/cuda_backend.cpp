@@ -100,36 +100,11 @@ class CudaBackend final : public AttentionBackend {
     check(cudaStreamSynchronize(stream_), "download");
   }
 
-  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
-                   const std::vector<RowRange>& ranges) override {
-    auto* out = static_cast<char*>(dst);
-    const auto* in = static_cast<const char*>(src);
-    for (int64_t b = 0; b < batch; ++b)
-      for (const RowRange& r : ranges) {
-        const size_t n = static_cast<size_t>(r.end - r.begin) * row_bytes;
-        if (n == 0) continue;
-        check(cudaMemcpyAsync(out, in + static_cast<size_t>(b * src_rows + r.begin) * row_bytes, n,
-                              cudaMemcpyDeviceToDevice, stream_),
-              "gather_rows");
-        out += n;
-      }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
 
-  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
-                        const std::vector<RowRange>& ranges) override {
-    for (int64_t b = 0; b < batch; ++b)
-      for (const RowRange& r : ranges) {
-        const int64_t n = (r.end - r.begin) * row_elems;
-        kernels::cuda_add(dst + (b * dst_rows + r.begin) * row_elems, src, static_cast<size_t>(n), stream_);
-        src += n;
-      }
-    wait({});
-  }
-
-  void add(float* dst, const float* src, size_t n) override {
-    kernels::cuda_add(dst, src, n, stream_);
-    wait({});
-  }
+  void accumulate(float* dst, const float* src, size_t n) override { kernels::cuda_add(dst, src, n, stream_); }
 
   void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                const MaskView& mask, const kernels::AttentionState& state,

@@ -1,17 +1,14 @@
 #include "runtime/ring_attention.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <string>
+
+#include "comm/stopwatch.hpp"
 
 namespace ringattn {
 
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string from_text(int peer) { return peer >= 0 ? " from rank " + std::to_string(peer) : ""; }
 
@@ -88,9 +85,9 @@ void RingAttention::allocate_backward_buffers() {
 
 void RingAttention::wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats) {
   if (!h.valid()) return;
-  const double t0 = now_seconds();
+  const double t0 = comm::now_seconds();
   comm_.wait_step(h, what);
-  stats.wait_seconds += now_seconds() - t0;
+  stats.wait_seconds += comm::now_seconds() - t0;
 }
 
 // The K/V step `step`: receive into kv_in_[step % 2]; send own rows (direct), own shard (ring,
@@ -125,7 +122,7 @@ comm::StepHandle RingAttention::post_key_values(int step, const void* k, const v
 
 PassStats RingAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   PassStats stats;
-  const double t_start = now_seconds();
+  const double t_start = comm::now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -140,10 +137,10 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
   const kernels::AttentionState state{o, lse};
   auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos) {
-    const double t0 = now_seconds();
+    const double t0 = comm::now_seconds();
     backend_.forward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, mask_view_, state,
                      progress);
-    stats.compute_seconds += now_seconds() - t0;
+    stats.compute_seconds += comm::now_seconds() - t0;
     ++stats.compute_steps;
   };
 
@@ -170,7 +167,7 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = now_seconds() - t_start;
+  stats.seconds = comm::now_seconds() - t_start;
   return stats;
 }
 
@@ -178,7 +175,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
                                   const void* dout, float* dq, float* dk, float* dv) {
   allocate_backward_buffers();  // first pass only, before any transfer is posted
   PassStats stats;
-  const double t_start = now_seconds();
+  const double t_start = comm::now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -198,10 +195,10 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
 
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
   auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos, float* gk, float* gv) {
-    const double t0 = now_seconds();
+    const double t0 = comm::now_seconds();
     backend_.backward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, dout, lse, delta, dq,
                       gk, gv, mask_view_, progress);
-    stats.compute_seconds += now_seconds() - t0;
+    stats.compute_seconds += comm::now_seconds() - t0;
     ++stats.compute_steps;
   };
   // The gradient step of ring step `step`, posted right after its compute. Direct: the partial
@@ -284,7 +281,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = now_seconds() - t_start;
+  stats.seconds = comm::now_seconds() - t_start;
   return stats;
 }
 

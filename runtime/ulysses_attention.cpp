@@ -3,18 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <string>
 
+#include "comm/stopwatch.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 constexpr size_t kHostNameBytes = 256;
 
@@ -92,7 +88,7 @@ int64_t UlyssesAttention::member_rows(int j) const { return member_begin(j + 1) 
 
 void UlyssesAttention::exchange(const std::vector<uint8_t>& send, const std::vector<size_t>& send_bytes,
                                 std::vector<uint8_t>& recv, const std::vector<size_t>& recv_bytes) {
-  const double t0 = now_seconds();
+  const double t0 = comm::now_seconds();
   comm::Communicator& group = *groups_.group_comm;
   for (int j = 0; j < groups_.ulysses; ++j)
     if (j != groups_.member) a2a_bytes_ += send_bytes[size_t(j)];
@@ -104,7 +100,7 @@ void UlyssesAttention::exchange(const std::vector<uint8_t>& send, const std::vec
     group.alltoallv(s.data(), send_bytes, r.data(), recv_bytes);
     if (!recv.empty()) backend_.download(recv.data(), r.data(), recv.size());
   }
-  a2a_seconds_ += now_seconds() - t0;
+  a2a_seconds_ += comm::now_seconds() - t0;
 }
 
 const void* UlyssesAttention::host_view(const void* p, size_t bytes, std::vector<uint8_t>& staging) {
@@ -259,7 +255,7 @@ void UlyssesAttention::lse_to_rows(const float* x, float* out) {
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
   if (groups_.ulysses == 1) return ring_->forward(q, k, v, o, lse);
-  const double t0 = now_seconds();
+  const double t0 = comm::now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
@@ -279,7 +275,7 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
   lse_to_rows(lse_heads_.as<float>(), lse);
   forward_args_[0] = q, forward_args_[1] = k, forward_args_[2] = v, forward_args_[3] = o, forward_args_[4] = lse;
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = now_seconds() - t0;
+  stats.seconds = comm::now_seconds() - t0;
   return stats;
 }
 
@@ -287,7 +283,7 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
                                      const void* dout, float* dq, float* dk, float* dv) {
   ring_->on_step = on_step;
   if (groups_.ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
-  const double t0 = now_seconds();
+  const double t0 = comm::now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
@@ -319,7 +315,7 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   heads_to_rows(dk_heads.as<float>(), Hkv, true, dk);
   heads_to_rows(dv_heads.as<float>(), Hkv, true, dv);
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = now_seconds() - t0;
+  stats.seconds = comm::now_seconds() - t0;
   return stats;
 }
 

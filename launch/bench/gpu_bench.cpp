@@ -31,6 +31,7 @@
 #include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/sampled_check.hpp"
 #include "kernels/types.hpp"
+#include "launch/statistics.hpp"
 
 namespace {
 
@@ -161,11 +162,6 @@ struct DeviceBuffer {
   }
 };
 
-float median(std::vector<float> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
-
 struct Point {
   int64_t head_dim, seq_len;
   bool causal;
@@ -180,7 +176,7 @@ double time_ms(const Options& o, cudaStream_t stream, Prepare prepare, Fn fn) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<float> times;
+  std::vector<double> times;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     prepare();
     check(cudaEventRecord(start, stream), "cudaEventRecord");
@@ -193,7 +189,7 @@ double time_ms(const Options& o, cudaStream_t stream, Prepare prepare, Fn fn) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return median(times);
+  return median_of(times);
 }
 
 Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_t stream) {

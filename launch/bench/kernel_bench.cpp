@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/sampled_check.hpp"
 #include "launch/job_control.hpp"
@@ -25,6 +25,7 @@
 #include "launch/json.hpp"
 #include "launch/mask_options.hpp"
 #include "launch/options_util.hpp"
+#include "launch/statistics.hpp"
 #include "runtime/errors.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/random_inputs.hpp"
@@ -37,13 +38,6 @@ namespace po = boost::program_options;
 namespace ringattn {
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // Best of reps - 1 square sgemms of size n on `threads` threads (after one warm-up), GFLOP/s.
 double sgemm_gflops(int threads, int n, int reps = 4) {
   openblas_set_num_threads(threads);
@@ -51,9 +45,9 @@ double sgemm_gflops(int threads, int n, int reps = 4) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = float(i % 7) * 0.1f;
   double best = 0.0;
   for (int rep = 0; rep < reps; ++rep) {
-    const double t0 = now();
+    const double t0 = comm::now_seconds();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double t = now() - t0;
+    const double t = comm::now_seconds() - t0;
     if (rep) best = std::max(best, 2.0 * n * double(n) * n / t / 1e9);  // the first warms up
   }
   return best;
@@ -286,16 +280,16 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
           for (int it = rep ? 1 : 0; it <= iters; ++it) {
             std::fill(o.begin(), o.end(), 0.0f);
             std::fill(lse.begin(), lse.end(), -INFINITY);
-            double t0 = now();
+            double t0 = comm::now_seconds();
             kernels::attention_forward(kd, qr, kvr, mv, kernels::AttentionState{o.data(), lse.data()}, opt);
-            if (it) tf.push_back(now() - t0);
+            if (it) tf.push_back(comm::now_seconds() - t0);
             std::fill(dq.begin(), dq.end(), 0.0f), std::fill(dk.begin(), dk.end(), 0.0f), std::fill(dv.begin(), dv.end(), 0.0f);
-            t0 = now();  // the backward pass includes delta, as PyTorch's and the ring's do
+            t0 = comm::now_seconds();  // the backward pass includes delta, as PyTorch's and the ring's do
             kernels::attention_delta(kd, L, o.data(), dp, dtype, delta.data());
             kernels::attention_backward(kd, qr, kvr, dp, lse.data(), delta.data(), dq.data(), dk.data(), dv.data(), mv, opt);
-            if (it) tb.push_back(now() - t0);
+            if (it) tb.push_back(comm::now_seconds() - t0);
           }
-          const double gf = flops / median(tf) / 1e9, gb = 2.5 * flops / median(tb) / 1e9;
+          const double gf = flops / median_of(tf) / 1e9, gb = 2.5 * flops / median_of(tb) / 1e9;
           ours_f.push_back(gf), ours_b.push_back(gb);
           const double sg = sgemm_gflops(threads, sgemm_n, 2);
           sg_f.push_back(gf / sg), sg_b.push_back(gb / sg);
@@ -317,13 +311,13 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
 
         const std::string mname = causal ? "causal" : "none";
         for (int pass = 0; pass < 2; ++pass) {
-          const double g = median(pass ? ours_b : ours_f);
+          const double g = median_of(pass ? ours_b : ours_f);
           const double t = (pass ? 2.5 : 1.0) * flops / g / 1e9;
           const std::string pname = pass ? "backward" : "forward";
           const std::vector<double>& tg = pass ? torch_b : torch_f;
           const std::vector<double>& vt = pass ? vs_b : vs_f;
-          Row r{D, mname, dtype_name(dtype), pname, t, g, median(pass ? sg_b : sg_f), g / row_peak,
-                tg.empty() ? 0.0 : median(tg), vt.empty() ? 0.0 : median(vt), pass ? bwd_wrong : fwd_wrong};
+          Row r{D, mname, dtype_name(dtype), pname, t, g, median_of(pass ? sg_b : sg_f), g / row_peak,
+                tg.empty() ? 0.0 : median_of(tg), vt.empty() ? 0.0 : median_of(vt), pass ? bwd_wrong : fwd_wrong};
           rows.push_back(r);
           char tcol[32] = "n/a", rcol[32] = "n/a";
           if (r.torch_gflops > 0) {
@@ -339,7 +333,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   for (const Row& r : rows)
     if (r.vs_torch > 0) all_vs.push_back(r.vs_torch);
   if (!all_vs.empty())
-    std::printf("# vs torch: median row %.2fx, lowest %.2fx\n", median(all_vs), *std::min_element(all_vs.begin(), all_vs.end()));
+    std::printf("# vs torch: median row %.2fx, lowest %.2fx\n", median_of(all_vs), *std::min_element(all_vs.begin(), all_vs.end()));
   std::printf("# %s: %d wrong values against the fp64 reference\n", total_wrong ? "FAILED" : "OK", total_wrong);
 
   if (!json_path.empty()) {

@@ -225,15 +225,8 @@ class CountingBackend final : public AttentionBackend {
   void fill(float* p, size_t n, float value) override { inner_->fill(p, n, value); }
   void upload(void* dst, const void* src, size_t bytes) override { inner_->upload(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { inner_->download(dst, src, bytes); }
-  void gather_rows(void* dst, const void* src, int64_t batch, int64_t src_rows, size_t row_bytes,
-                   const std::vector<RowRange>& ranges) override {
-    inner_->gather_rows(dst, src, batch, src_rows, row_bytes, ranges);
-  }
-  void scatter_add_rows(float* dst, const float* src, int64_t batch, int64_t dst_rows, int64_t row_elems,
-                        const std::vector<RowRange>& ranges) override {
-    inner_->scatter_add_rows(dst, src, batch, dst_rows, row_elems, ranges);
-  }
-  void add(float* dst, const float* src, size_t n) override { inner_->add(dst, src, n); }
+  void copy(void* dst, const void* src, size_t bytes) override { inner_->copy(dst, src, bytes); }
+  void accumulate(float* dst, const float* src, size_t n) override { inner_->accumulate(dst, src, n); }
   void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                const MaskView& mask, const kernels::AttentionState& state,
                const std::function<void()>& progress) override {

@@ -1,4 +1,4 @@
-#include "runtime/io/npy_outputs.hpp"
+#include "launch/npy_outputs.hpp"
 
 #include <optional>
 
