@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 
 #include "comm/stopwatch.hpp"
@@ -27,7 +28,6 @@
 #include "runtime/errors.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
-#include "comm/mpi_communicator.hpp"
 #include "ringattn/ringattn.hpp"
 
 namespace po = boost::program_options;
@@ -112,26 +112,6 @@ class ProgressLine {
   double shown_ = -1e9;
 };
 
-// The job's mask, as the library's API takes it (the generated BigBird mask as its block mask).
-AttentionSpec attention_spec(const Mask& mask, const Job& job) {
-  AttentionSpec spec;
-  spec.mask.causal = mask.causal;
-  spec.mask.window_left = mask.window_left;
-  spec.mask.window_right = mask.window_right;
-  const std::vector<int64_t>& offsets = mask.doc_offsets();
-  for (size_t d = 1; d < offsets.size(); ++d) spec.mask.doc_lens.push_back(offsets[d] - offsets[d - 1]);
-  if (mask.has_block_mask()) {
-    spec.mask.block_mask = mask.block_mask();
-    spec.mask.mask_block = mask.mask_block();
-  }
-  spec.layout = job.layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
-                : job.layout == LayoutKind::striped ? SequenceLayout::striped
-                                                    : SequenceLayout::contiguous;
-  spec.schedule = job.schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
-  spec.softmax_scale = job.dims.scale;
-  return spec;
-}
-
 }  // namespace
 
 int run_attention(LaunchContext& ctx) {
@@ -193,39 +173,18 @@ int run_attention(LaunchContext& ctx) {
   // Where the job computes: the library's context (include/ringattn/ringattn.hpp) over this job's
   // ranks builds the backend and the ring's communicator; NCCL setup is collective, and a node short
   // of GPUs is a usage error.
-  std::optional<Context> api;
+  std::unique_ptr<Context> api;
   agreed_phase(comm, [&] {
-    const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ctx.world);
-    if (!mpi) throw RuntimeFault("the attention job runs over an MPI communicator");
-    ContextOptions options;
-    options.backend = job.execution.backend;
-    options.comm = job.execution.comm;
-    options.threads = job.threads;
-    options.timeout_s = job.opt.timeout;
-    options.emulate_bandwidth_gbps = job.opt.emulate_bandwidth;
-    options.emulate_latency_us = job.opt.emulate_latency;
-    // --ulysses U > 1: the ring runs across groups, an all-to-all inside them, over this link.
-    options.emulate_intra_bandwidth_gbps = job.opt.emulate_intra_bandwidth;
-    options.emulate_intra_latency_us = job.opt.emulate_intra_latency;
-    try {
-      api.emplace(mpi->mpi_comm(), options);
-    } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
-      throw;
-    } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
-      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
-                       e.what());
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
-                       e.what());
-    }
+    // --ulysses U > 1: the ring runs across groups, an all-to-all inside them, over the intra link.
+    api = open_context(ctx.world, context_options(job.execution, job.opt, job.threads, job.opt.emulate_intra_bandwidth,
+                                                  job.opt.emulate_intra_latency));
   });
   AttentionBackend* backend = &api->backend();
   const Shard shard{B, rows, H, Hkv, D, job.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
   // What the ring computes: the job's mask, scale and hybrid degree (RINGATTN_TEST_FAULT may plant an
   // error here, which the --check must catch).
-  AttentionSpec spec = attention_spec(ring_mask, job);
-  spec.softmax_scale = test_fault.ring_dims(job.dims).scale;
-  spec.ulysses = job.opt.ulysses;
+  const AttentionSpec spec = attention_spec(ring_mask, job.layout, job.schedule, test_fault.ring_dims(job.dims).scale,
+                                            job.opt.ulysses);
 
   // Inputs: each rank reads (or generates) only its own rows, one tensor at a time into the
   // backend. A host copy is kept only for --check, and not even then when the backend's buffers

@@ -1,14 +1,12 @@
 #include "launch/execution.hpp"
 
+#include <stdexcept>
+
+#include "comm/mpi_communicator.hpp"
 #include "runtime/cuda_backend.hpp"
 #include "runtime/errors.hpp"
 #if defined(RINGATTN_WITH_CUDA)
 #include "kernels/cuda/attention_cuda.hpp"
-#endif
-#if defined(RINGATTN_WITH_NCCL)
-#include "comm/host_staged_communicator.hpp"
-#include "comm/mpi_communicator.hpp"
-#include "comm/nccl_communicator.hpp"
 #endif
 
 namespace ringattn {
@@ -45,32 +43,54 @@ ExecutionChoice choose_execution(const std::string& backend_option, const std::s
   return c;
 }
 
-Execution make_execution(const ExecutionChoice& choice, comm::Communicator& ranks, int local_rank, int threads) {
-  Execution e;
-  e.ring_comm = &ranks;
-  if (choice.backend == "cpu") {
-    e.backend = make_cpu_backend(threads);
-    return e;
+ContextOptions context_options(const ExecutionChoice& choice, const ExecutionOptions& o, int threads,
+                               double emulate_intra_bandwidth, double emulate_intra_latency) {
+  ContextOptions options;
+  options.backend = choice.backend;
+  options.comm = choice.comm;
+  options.threads = threads;
+  options.timeout_s = o.timeout;
+  options.emulate_bandwidth_gbps = o.emulate_bandwidth;
+  options.emulate_latency_us = o.emulate_latency;
+  options.emulate_intra_bandwidth_gbps = emulate_intra_bandwidth;
+  options.emulate_intra_latency_us = emulate_intra_latency;
+  return options;
+}
+
+std::unique_ptr<Context> open_context(const comm::Communicator& ranks, const ContextOptions& options) {
+  const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ranks);
+  if (!mpi) throw RuntimeFault("the library's context is built over an MPI communicator");
+  const std::string what = "--backend " + options.backend + " --comm " + options.comm + ": ";
+  try {
+    return std::make_unique<Context>(mpi->mpi_comm(), options);
+  } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
+    throw;
+  } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
+    throw UsageError(what + e.what());
+  } catch (const std::invalid_argument& e) {  // ArgumentError: an option the context refused
+    throw UsageError(what + e.what());
   }
-  int device = local_rank % std::max(1, cuda_device_count());
-#if defined(RINGATTN_WITH_NCCL)
-  if (choice.comm == "nccl") {
-    const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ranks);
-    if (!mpi) throw RuntimeFault("--comm nccl: NCCL is set up over an MPI communicator");
-    auto nccl = std::make_unique<comm::NcclCommunicator>(mpi->mpi_comm(), ranks.timeout());
-    device = nccl->device();
-    e.owned_comm = std::move(nccl);
-  } else {  // several ranks may share a GPU: device buffers go over MPI through host memory
-    e.owned_comm = std::make_unique<comm::HostStagedCommunicator>(ranks);
+}
+
+AttentionSpec attention_spec(const Mask& mask, LayoutKind layout, Schedule schedule, float softmax_scale,
+                             int ulysses) {
+  AttentionSpec spec;
+  spec.mask.causal = mask.causal;
+  spec.mask.window_left = mask.window_left;
+  spec.mask.window_right = mask.window_right;
+  const std::vector<int64_t>& offsets = mask.doc_offsets();
+  for (size_t d = 1; d < offsets.size(); ++d) spec.mask.doc_lens.push_back(offsets[d] - offsets[d - 1]);
+  if (mask.has_block_mask()) {
+    spec.mask.block_mask = mask.block_mask();
+    spec.mask.mask_block = mask.mask_block();
   }
-  e.ring_comm = e.owned_comm.get();
-#endif
-  e.backend = make_cuda_backend(device);
-#if defined(RINGATTN_WITH_NCCL)
-  // Steps wait for the kernels issued before them, and later kernels for the steps, on the device.
-  if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(e.owned_comm.get())) nccl->order_after(e.backend->native_stream());
-#endif
-  return e;
+  spec.layout = layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
+                : layout == LayoutKind::striped ? SequenceLayout::striped
+                                                : SequenceLayout::contiguous;
+  spec.schedule = schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+  spec.softmax_scale = softmax_scale;
+  spec.ulysses = ulysses;
+  return spec;
 }
 
 }  // namespace ringattn

@@ -1,14 +1,19 @@
 // Where a job computes and how its K/V moves (SPEC.md --backend, --comm): the CPU backend over
 // MPI, or the CUDA backend over NCCL (one GPU per rank) or over MPI through pinned host memory
-// (ranks sharing GPUs).
+// (ranks sharing GPUs). The jobs compute through the library's API (ringattn::Context), as a
+// user's program does: there is no second path.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "kernels/mask/mask.hpp"
 #include "launch/context.hpp"
-#include "runtime/backend.hpp"
+#include "launch/options_util.hpp"
+#include "ringattn/ringattn.hpp"
+#include "runtime/ring_plan.hpp"
+#include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
@@ -23,15 +28,22 @@ struct ExecutionChoice {
 ExecutionChoice choose_execution(const std::string& backend_option, const std::string& comm_option,
                                  int64_t head_dim, const LaunchContext& ctx);
 
-struct Execution {
-  std::unique_ptr<AttentionBackend> backend;
-  std::unique_ptr<comm::Communicator> owned_comm;  // NCCL or host-staged, when used
-  comm::Communicator* ring_comm = nullptr;         // what K/V moves over (ctx.world for the CPU)
-};
+// The library context's options (include/ringattn/ringattn.hpp) as a job's execution options
+// give them: --backend, --comm, --threads (resolved), --timeout, --emulate-bandwidth/-latency,
+// and the link inside --ulysses groups (--emulate-intra-bandwidth/-latency).
+ContextOptions context_options(const ExecutionChoice& choice, const ExecutionOptions& o, int threads,
+                               double emulate_intra_bandwidth = 0.0, double emulate_intra_latency = 0.0);
 
-// Builds the backend and the ring's communicator over the ranks of `ranks` (an MPI communicator:
-// the job's world, or a benchmark point's sub-communicator); collective over them when NCCL is set
-// up. local_rank (the rank's index on its node) picks its GPU when GPUs are shared.
-Execution make_execution(const ExecutionChoice& choice, comm::Communicator& ranks, int local_rank, int threads);
+// The library's context over the ranks of `ranks` (an MPI communicator: the job's world, or a
+// benchmark point's sub-communicator); collective over them. It builds the backend and the
+// ring's communicator (NCCL setup is collective). A setup the node refuses (e.g. more ranks than
+// GPUs for NCCL) is a UsageError naming --backend and --comm; a transport fault (e.g. NCCL's
+// init timed out) stays a CommError (exit 4).
+std::unique_ptr<Context> open_context(const comm::Communicator& ranks, const ContextOptions& options);
+
+// A job's mask and ring choices as the library's API takes them (a generated BigBird mask goes
+// as its block mask, so that the API builds exactly the mask the job checks against).
+AttentionSpec attention_spec(const Mask& mask, LayoutKind layout, Schedule schedule, float softmax_scale,
+                             int ulysses);
 
 }  // namespace ringattn

@@ -8,7 +8,9 @@
 #      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels);
 #   3. the kernel tests (ctest label cuda, without the CPU emulation's copies);
 #   4. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
-#      (host-staged transfers) with --check, when MPI is there (otherwise skipped, said so);
+#      (host-staged transfers) with --check, when MPI is there (otherwise skipped, said so); and
+#      the Python module on CUDA tensors (forward and backward at P = 1 against fp64, on torch's
+#      current stream; tests/python/cuda_check.py) when it was built and torch has CUDA;
 #   5. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
 #      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
 #      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
@@ -105,10 +107,18 @@ if [ ! -e /usr/include/nccl.h ] && [ ! -e /usr/local/include/nccl.h ]; then
   fi
 fi
 
+# The Python module for the python3 on PATH (the one with torch), pybind11 from it when pip installed it.
+python_args=()
+if command -v python3 >/dev/null 2>&1; then
+  python_args=(-DRINGATTN_PYTHON_EXE="$(command -v python3)")
+  pybind11_dir=$(python3 -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null || true)
+  [ -n "$pybind11_dir" ] && python_args+=(-Dpybind11_DIR="$pybind11_dir")
+fi
+
 # 1. Configure: the whole project if this machine allows it, else the GPU check build; build.
 mode=full
 if ! step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-     -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ||
+     -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ${python_args[@]+"${python_args[@]}"} ||
    [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
   mode=check-only
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
@@ -119,6 +129,8 @@ fi
 echo "# build mode: $mode"
 if [ "$mode" = full ]; then
   targets=(ringattn ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
+  # The Python module, when pybind11 and the Python headers were found.
+  [ -d "$build/python/CMakeFiles/ringattn_python.dir" ] && targets+=(ringattn_python)
 else
   targets=(all)
 fi
@@ -162,6 +174,12 @@ if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
   step ring_tests 90 ctest --test-dir "$build" -R '^cuda_mpi_np[12]$' --output-on-failure --timeout 85 || status=1
 else
   skipped ring "no MPI on this machine (check-only build): the ring's CUDA path is not run"
+fi
+if [ "$mode" = full ] && ls "$build"/python/ringattn/_ringattn*.so >/dev/null 2>&1; then
+  # Prints "skipped" (exit 0) when torch has no CUDA.
+  step python_cuda 60 env PYTHONPATH="$build/python" python3 tests/python/cuda_check.py || status=1
+else
+  skipped python_cuda "the Python module was not built (no MPI, pybind11 or Python headers)"
 fi
 
 # 5. Benchmarks: ours, then torch's on the same shapes, then one table.

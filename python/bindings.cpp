@@ -54,7 +54,7 @@ SequenceLayout layout_of(const std::string& name, bool causal) {
 AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, std::vector<int64_t> doc_lens,
                         const py::bytes& block_mask, int64_t mask_block,
                         std::optional<std::tuple<int64_t, int64_t, int64_t>> bigbird, uint64_t seed, double scale,
-                        const std::string& layout, const std::string& schedule) {
+                        const std::string& layout, const std::string& schedule, int ulysses) {
   AttentionSpec spec;
   spec.mask.causal = causal;
   spec.mask.window_left = window_left;
@@ -72,6 +72,7 @@ AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, 
   spec.softmax_scale = scale;
   spec.layout = layout_of(layout, causal);
   spec.schedule = schedule == "ring" ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+  spec.ulysses = ulysses;
   return spec;
 }
 
@@ -82,7 +83,14 @@ py::dict stats_dict(const RingStats& s) {
   d["compute_seconds"] = s.compute_seconds;
   d["bytes_sent"] = s.bytes_sent;
   d["bytes_needed"] = s.bytes_needed;
+  d["a2a_bytes_sent"] = s.a2a_bytes_sent;
   return d;
+}
+
+// A CUDA caller's stream (PyTorch's current stream, as an integer; None for host tensors): the
+// call is ordered after the work queued on it and before the work queued on it later.
+void use_stream(Context& c, const std::optional<uintptr_t>& stream) {
+  if (stream) c.set_cuda_stream(reinterpret_cast<void*>(*stream));
 }
 
 }  // namespace
@@ -143,10 +151,11 @@ PYBIND11_MODULE(_ringattn, m) {
       .def("size", &Context::size)
       .def("cached_plans", &Context::cached_plans)
       .def("positions",
-           [](const Context& c, int64_t L, bool causal, const std::string& layout, int rank) {
+           [](const Context& c, int64_t L, bool causal, const std::string& layout, int rank, int ulysses) {
              AttentionSpec spec;
              spec.mask.causal = causal;
              spec.layout = layout_of(layout, causal);
+             spec.ulysses = ulysses;
              return c.positions(L, spec, rank);
            })
       .def("fail",
@@ -157,10 +166,12 @@ PYBIND11_MODULE(_ringattn, m) {
       .def(
           "forward",
           [](Context& c, const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>& shard,
-             const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse) {
+             const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+             std::optional<uintptr_t> stream) {
             RingStats s;
             {
               py::gil_scoped_release release;
+              use_stream(c, stream);
               s = c.forward(make_shard(shard), spec, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v),
                             ptr<float>(o), ptr<float>(lse));
             }
@@ -170,10 +181,11 @@ PYBIND11_MODULE(_ringattn, m) {
           "backward",
           [](Context& c, const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>& shard,
              const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-             uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv) {
+             uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv, std::optional<uintptr_t> stream) {
             RingStats s;
             {
               py::gil_scoped_release release;
+              use_stream(c, stream);
               s = c.backward(make_shard(shard), spec, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v),
                              ptr<const float>(o), ptr<const float>(lse), ptr<const void>(dout), ptr<float>(dq),
                              ptr<float>(dk), ptr<float>(dv));

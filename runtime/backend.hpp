@@ -84,6 +84,13 @@ class AttentionBackend {
   // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
   // its transfers with it on the device; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // Ordering with a stream of the caller's (a cudaStream_t; nullptr: CUDA's legacy default
+  // stream), on the device, with no host or device-wide synchronisation. after_stream: work
+  // queued here from now on starts after the work queued on `stream` so far (the kernels that
+  // wrote a call's inputs). before_stream: work queued on `stream` from now on starts after the
+  // work queued here so far (a call's results). No-ops on the CPU.
+  virtual void after_stream(void* stream) { (void)stream; }
+  virtual void before_stream(void* stream) { (void)stream; }
   // How the kernels this backend runs round, for these shapes and this input type: the
   // same-precision model the --check compares against (kernels/error_rule.hpp).
   virtual kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const = 0;

@@ -70,9 +70,11 @@ class CudaBackend final : public AttentionBackend {
   explicit CudaBackend(int device) : device_(device) {
     check(cudaSetDevice(device), ("selecting device " + std::to_string(device)).c_str());
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+    check(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming), "creating an event");
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudaEventDestroy(order_event_);
     cudaStreamDestroy(stream_);
   }
 
@@ -139,6 +141,16 @@ class CudaBackend final : public AttentionBackend {
 
   void* native_stream() override { return stream_; }
 
+  // One event serves both directions: a stream's wait takes the event as recorded at that moment.
+  void after_stream(void* stream) override {
+    check(cudaEventRecord(order_event_, static_cast<cudaStream_t>(stream)), "recording an event on the caller's stream");
+    check(cudaStreamWaitEvent(stream_, order_event_, 0), "ordering after the caller's stream");
+  }
+  void before_stream(void* stream) override {
+    check(cudaEventRecord(order_event_, stream_), "recording an event");
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), order_event_, 0), "ordering the caller's stream after ours");
+  }
+
   void prepare(const MaskView& mask, int64_t max_rows) override {
     const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(max_rows, 1));
     q_pos_.reserve(bytes);
@@ -193,6 +205,7 @@ class CudaBackend final : public AttentionBackend {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t order_event_ = nullptr;  // after_stream, before_stream
   DeviceMirror q_pos_, k_pos_, docs_, blocks_;
 };
 

@@ -124,7 +124,9 @@ class Context {
   int size() const;
   const ContextOptions& options() const;
 
-  // The layout the spec resolves to, and this rank's share of a sequence of seq_len positions.
+  // The layout the spec resolves to, and this rank's share of a sequence of seq_len positions
+  // (with spec.ulysses > 1, the layout applies to the groups and each member holds a part of its
+  // group's rows: SPEC.md "Hybrid parallelism").
   SequenceLayout layout(const AttentionSpec& spec) const;
   int64_t rows(int64_t seq_len, const AttentionSpec& spec, int rank = -1) const;
   // Global positions of a rank's rows (default: this rank), ascending: for RoPE and labels.
@@ -144,6 +146,13 @@ class Context {
   RingStats backward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
                      const float* o, const float* lse, const void* dout, float* dq, float* dk, float* dv);
 
+  // The caller's CUDA stream (a cudaStream_t, e.g. PyTorch's current stream; CUDA backend): each
+  // later forward() and backward() starts, on the device, after the work queued on it before the
+  // call (the kernels that wrote q, k, v, dout), and work queued on it after the call starts after
+  // the call's results are written; no device-wide synchronisation. nullptr is CUDA's legacy
+  // default stream. Until this is called, calls order with no stream of the caller's (inputs must
+  // be complete, e.g. after cudaStreamSynchronize). A no-op with the CPU backend.
+  void set_cuda_stream(void* stream);
   // Called after each step of a pass with (steps done, steps in all) (progress lines, tests).
   void set_step_callback(std::function<void(int, int)> on_step);
   // Plans (layout, ring plan, buffers) cached so far: one per (shape, mask, layout, schedule).

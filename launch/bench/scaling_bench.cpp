@@ -24,7 +24,6 @@
 #include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
-#include "runtime/ring_attention.hpp"
 #include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
@@ -95,7 +94,6 @@ struct Bench {
   DType dtype = DType::f32;
   int threads = 1;
   ExecutionChoice execution;  // backend and communicator
-  int local_rank = 0;         // on its node: picks the GPU when GPUs are shared
   int64_t seq_len(int P) const { return weak ? opt.tokens_per_rank * P : opt.seq_len; }
 };
 
@@ -148,7 +146,6 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   b.backward = !o.forward_only;
   b.check = !o.no_check;
   b.threads = o.threads ? o.threads : ctx.default_threads();
-  b.local_rank = ctx.local_rank;
   b.dims = kernels::AttentionDims{o.batch, o.heads, Hkv, o.head_dim, 1.0f / std::sqrt(float(o.head_dim))};
   for (int P : b.ranks) {
     if (b.seq_len(P) < P)
@@ -182,7 +179,7 @@ struct PassSeries {
   std::vector<double> slowest, mean, compute, wait, exposed;
   uint64_t bytes_sent = 0;
 
-  void add(comm::Communicator& comm, const PassStats& s) {
+  void add(comm::Communicator& comm, const RingStats& s) {
     const int P = comm.size();
     double slow = s.seconds;
     double sums[4] = {s.seconds, s.compute_seconds, s.wait_seconds, s.wait_seconds / std::max(s.seconds, 1e-12)};
@@ -197,7 +194,8 @@ struct PassSeries {
   }
 };
 
-// Runs one point on the ranks of `comm`; every rank returns the same point.
+// Runs one point on the ranks of `comm`; every rank returns the same point. The attention runs
+// through the library's API (a context over the point's ranks), as the attention job's does.
 ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses) {
   const int P = comm.size(), rank = comm.rank();
   const int64_t L = b.seq_len(P);
@@ -209,11 +207,13 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   const ShardLayout layout(b.layout, L, P, ulysses);
   const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = static_cast<int64_t>(pos.size());
-  Execution exec = make_execution(b.execution, comm, b.local_rank, b.threads);
-  AttentionBackend* backend = exec.backend.get();
-  comm::Communicator& ring_comm = *exec.ring_comm;
-  ring_comm.set_timeout(comm.timeout());
-  ring_comm.set_link_emulation(comm.link_emulation());
+  // The emulated links: --emulate-* between ranks (between groups with --ulysses), and the link
+  // inside the groups.
+  const std::unique_ptr<Context> api = open_context(
+      comm, context_options(b.execution, b.opt, b.threads, b.opt.emulate_intra_bandwidth, b.opt.emulate_intra_latency));
+  AttentionBackend* backend = &api->backend();
+  const Shard shard{B, rows, H, Hkv, D, b.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
+  const AttentionSpec spec = attention_spec(mask, b.layout, b.schedule, dims.scale, ulysses);
   auto random_input = [&](RandomTensor t, int64_t heads) {
     std::vector<float> x(static_cast<size_t>(B * rows * heads * D));
     random_rows(x.data(), b.opt.seed, t, B, L, heads * D, pos.data(), rows);
@@ -230,10 +230,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   const bool host_fp32 = backend->memory() == comm::MemorySpace::host && b.dtype == DType::f32;
   if (!b.check || host_fp32) q = {}, k = {}, v = {}, dout = {};
 
-  UlyssesAttention ring(ring_comm, *backend, b.layout, L, mask, RingOptions{dims, b.dtype, b.schedule}, ulysses);
-  if (comm::Communicator* group = ring.group_comm())  // the link inside groups; the ring's is between them
-    group->set_link_emulation(comm::LinkEmulation{b.opt.emulate_intra_bandwidth, b.opt.emulate_intra_latency});
-  uint64_t a2a_bytes = 0;
+  uint64_t a2a_bytes = 0, needed = 0;
   auto f32 = [&](int64_t n) { return DeviceBuffer(*backend, sizeof(float) * static_cast<size_t>(n)); };
   const DeviceBuffer o = f32(B * rows * H * D), lse = f32(B * H * rows);
   DeviceBuffer dq, dk, dv;
@@ -243,14 +240,14 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   for (int it = 0; it < b.opt.warmup + b.opt.iters; ++it) {
     const bool timed = it >= b.opt.warmup;
     comm.barrier();
-    const PassStats f = ring.forward(q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>());
-    a2a_bytes = ring.a2a_bytes_sent();
+    const RingStats f = api->forward(shard, spec, q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>());
+    a2a_bytes = f.a2a_bytes_sent, needed = f.bytes_needed;
     PassSeries ignored;
     (timed ? fwd : ignored).add(comm, f);
     if (!b.backward) continue;
     comm.barrier();
-    const PassStats g = ring.backward(q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>(),
-                                      dout_in.data(), dq.as<float>(), dk.as<float>(), dv.as<float>());
+    const RingStats g = api->backward(shard, spec, q_in.data(), k_in.data(), v_in.data(), o.as<float>(),
+                                      lse.as<float>(), dout_in.data(), dq.as<float>(), dk.as<float>(), dv.as<float>());
     (timed ? bwd : ignored).add(comm, g);
   }
 
@@ -282,7 +279,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   }
 
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), L);
-  uint64_t needed = ring.bytes_needed(), rss = point_peak_rss(was_reset);
+  uint64_t rss = point_peak_rss(was_reset);
   comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
   comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
   comm.allreduce(&a2a_bytes, 1, comm::DataType::i64, comm::ReduceOp::sum);
@@ -362,7 +359,6 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
       const int P = b.ranks[i];
       if (P % U != 0) continue;
       world.set_timeout(b.opt.timeout);
-      world.set_link_emulation(comm::LinkEmulation{b.opt.emulate_bandwidth, b.opt.emulate_latency});
       std::unique_ptr<comm::Communicator> sub = world.split(world.rank() < P ? 0 : -1, world.rank());
       ScalingPoint pt;
       if (sub) {

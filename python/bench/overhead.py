@@ -26,7 +26,7 @@ L, H, D = args.seq_len, args.heads, args.head_dim
 g = torch.Generator().manual_seed(0)
 q, k, v = (ringattn.shard(torch.randn(1, L, H, D, generator=g), causal=args.causal) for _ in range(3))
 ctx = ringattn._context(None)
-spec = _ringattn.make_spec(args.causal, -1, -1, [], b"", 128, None, 0, 0.0, "", "direct")
+spec = _ringattn.make_spec(args.causal, -1, -1, [], b"", 128, None, 0, 0.0, "", "direct", 1)
 shard = (1, q.shape[1], H, H, D, False)
 o = torch.empty_like(q)
 lse = torch.empty(1, H, q.shape[1])
@@ -37,7 +37,7 @@ def python_call():
 
 
 def api_call():
-    ctx.forward(shard, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+    ctx.forward(shard, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), None)
 
 
 times = {"python": [], "api": []}

@@ -75,29 +75,37 @@ def _layout_name(layout):
     return layout
 
 
-def _positions_list(seq_len, layout, causal, comm, rank_=-1):
+def _ulysses_degree(ulysses):
+    if not isinstance(ulysses, int) or isinstance(ulysses, bool):
+        raise TypeError("ulysses: expected an int, got %s" % type(ulysses).__name__)
+    return ulysses
+
+
+def _positions_list(seq_len, layout, causal, comm, rank_=-1, ulysses=1):
     if not isinstance(seq_len, int) or isinstance(seq_len, bool):
         raise TypeError("seq_len: expected an int, got %s" % type(seq_len).__name__)
-    return _context(comm).positions(seq_len, bool(causal), _layout_name(layout), rank_)
+    return _context(comm).positions(seq_len, bool(causal), _layout_name(layout), rank_, _ulysses_degree(ulysses))
 
 
-def positions(seq_len, layout=None, causal=False, comm=None):
-    """int64 global positions of this rank's rows (for RoPE and labels), as a torch tensor."""
+def positions(seq_len, layout=None, causal=False, comm=None, ulysses=1):
+    """int64 global positions of this rank's rows (for RoPE and labels), as a torch tensor.
+    ulysses: the degree attention() is called with (it changes which rows a rank holds)."""
     import torch
-    return torch.tensor(_positions_list(seq_len, layout, causal, comm), dtype=torch.int64)
+    return torch.tensor(_positions_list(seq_len, layout, causal, comm, ulysses=ulysses), dtype=torch.int64)
 
 
 def _is_numpy(x):
     return type(x).__module__ == "numpy"
 
 
-def shard(x, dim=1, layout=None, causal=False, comm=None):
-    """This rank's rows of a whole tensor (or NumPy array) x along dim, in the layout's order."""
+def shard(x, dim=1, layout=None, causal=False, comm=None, ulysses=1):
+    """This rank's rows of a whole tensor (or NumPy array) x along dim, in the layout's order
+    (with ulysses=U, the layout's rows of each group of U ranks, split among its members)."""
     if not (_is_numpy(x) or type(x).__module__.startswith("torch")):
         raise TypeError("x: expected a torch.Tensor or numpy.ndarray, got %s" % type(x).__name__)
     if not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
         raise ValueError("dim: %r is not a dimension of x (%d dimensions)" % (dim, x.ndim))
-    pos = _positions_list(int(x.shape[dim]), layout, causal, comm)
+    pos = _positions_list(int(x.shape[dim]), layout, causal, comm, ulysses=ulysses)
     if _is_numpy(x):
         import numpy
         return numpy.take(x, pos, axis=dim)
@@ -105,13 +113,23 @@ def shard(x, dim=1, layout=None, causal=False, comm=None):
     return x.index_select(dim, torch.tensor(pos, dtype=torch.int64, device=x.device))
 
 
-def unshard(x_local, dim=1, layout=None, causal=False, comm=None):
-    """The whole tensor from every rank's rows (the inverse of shard), on every rank."""
+def unshard(x_local, dim=1, layout=None, causal=False, comm=None, ulysses=1):
+    """The whole tensor from every rank's rows (the inverse of shard), on every rank.
+
+    Differentiable: its backward is shard() of the gradient, so that a loss every rank computes
+    alike from the whole tensor backpropagates into each rank's rows."""
     import torch
     if not isinstance(x_local, torch.Tensor):
         raise TypeError("x_local: expected a torch.Tensor, got %s" % type(x_local).__name__)
     if not isinstance(dim, int) or not -x_local.ndim <= dim < x_local.ndim:
         raise ValueError("dim: %r is not a dimension of x_local (%d dimensions)" % (dim, x_local.ndim))
+    _ulysses_degree(ulysses)
+    from ._autograd import UnshardFunction
+    return UnshardFunction.apply(x_local, dim, layout, causal, comm, ulysses)
+
+
+def _unshard(x_local, dim, layout, causal, comm, ulysses):
+    import torch
     ctx = _context(comm)
     P = ctx.size()
     moved = x_local.detach().movedim(dim, 0).contiguous().cpu()
@@ -128,7 +146,8 @@ def unshard(x_local, dim=1, layout=None, causal=False, comm=None):
         if not same:
             raise ValueError("x_local: rank %d's shape or dtype differs from rank 0's (beyond dim %d)" % (r, dim))
     L = sum(rows)
-    expected = [len(p) for p in (ctx.positions(L, bool(causal), _layout_name(layout), r) for r in range(P))]
+    layout_ = _layout_name(layout)
+    expected = [len(p) for p in (ctx.positions(L, bool(causal), layout_, r, ulysses) for r in range(P))]
     if expected != rows:
         raise ValueError("x_local: the ranks hold %s rows along dim %d, but the layout gives %s for %d positions"
                          % (rows, dim, expected, L))
@@ -139,20 +158,27 @@ def unshard(x_local, dim=1, layout=None, causal=False, comm=None):
     whole = torch.empty_like(gathered)
     start = 0
     for r in range(P):
-        pos = torch.tensor(ctx.positions(L, bool(causal), _layout_name(layout), r), dtype=torch.int64)
+        pos = torch.tensor(ctx.positions(L, bool(causal), layout_, r, ulysses), dtype=torch.int64)
         whole[pos] = gathered[start:start + rows[r]]
         start += rows[r]
     return whole.movedim(0, dim).to(x_local.device)
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_mask=None, mask_block=128,
-              softmax_scale=None, layout=None, schedule="direct", return_lse=False, comm=None, bigbird=None, seed=0):
+              softmax_scale=None, layout=None, schedule="direct", return_lse=False, comm=None, bigbird=None, seed=0,
+              ulysses=1):
     """Exact attention of this rank's queries against every visible key of every rank.
 
     q (B, L_local, H, D), k and v (B, L_local, Hkv, D): this rank's rows (ringattn.shard), float32
     or bfloat16, any strides. Returns o (q's shape and dtype), and lse (B, H, L_local) float32 with
     return_lse=True. Differentiable for torch tensors; NumPy arrays (float32) are forward only.
     bigbird=(GLOBAL, WINDOW, RANDOM) with seed generates a BigBird block mask of mask_block blocks.
+    ulysses=U (hybrid parallelism): an all-to-all inside groups of U consecutive ranks swaps
+    sequence for heads and the ring runs across the groups. U divides the ranks and the heads H
+    (and divides Hkv or is a multiple of it); the rows a rank holds change with U: take them with
+    shard(..., ulysses=U). The results equal those of ulysses=1 to fp32 rounding.
+    CUDA tensors (builds with CUDA) run on the CUDA backend with NCCL, ordered on the device with
+    torch's current stream (after the kernels that wrote q, k, v; no device-wide sync).
     """
     device = "cuda" if getattr(q, "is_cuda", False) else "cpu"
     ctx = _context(comm, device)
@@ -160,7 +186,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_ma
     spec = None
     if problem is None:
         problem, args = _mask_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, layout, schedule,
-                                   return_lse, bigbird, seed)
+                                   return_lse, bigbird, seed, ulysses)
         if problem is None:
             spec = _ringattn.make_spec(*args)
     if problem is not None:  # every rank raises: the others learn of it in the agreement
@@ -178,13 +204,22 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_ma
     return (o, lse) if return_lse else o
 
 
+def _cuda_stream(x):
+    """torch's current CUDA stream on x's device (an integer cudaStream_t) for a CUDA tensor, else None."""
+    if not x.is_cuda:
+        return None
+    import torch
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
 def _torch_forward(ctx, shard_, spec, q, k, v):
     """o (q's dtype), lse, and what backward needs: the contiguous inputs and o in float32."""
     import torch
     q, k, v = q.detach().contiguous(), k.detach().contiguous(), v.detach().contiguous()
     o32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    ctx.forward(shard_, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o32.data_ptr(), lse.data_ptr())
+    ctx.forward(shard_, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o32.data_ptr(), lse.data_ptr(),
+                _cuda_stream(q))
     o = o32 if q.dtype == torch.float32 else o32.to(q.dtype)
     return o, lse, q, k, v, o32
 
@@ -194,5 +229,5 @@ def _numpy_forward(ctx, shard_, spec, q, k, v, return_lse):
     q, k, v = (numpy.ascontiguousarray(x) for x in (q, k, v))
     o = numpy.empty(q.shape, dtype=numpy.float32)
     lse = numpy.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=numpy.float32)
-    ctx.forward(shard_, spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, lse.ctypes.data)
+    ctx.forward(shard_, spec, q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, lse.ctypes.data, None)
     return (o, lse) if return_lse else o

@@ -1,8 +1,9 @@
 """ringattn.attention as a torch.autograd.Function: forward keeps q, k, v, o (float32) and lse;
-backward runs the compiled backward through the same ring (same context, same cached plan)."""
+backward runs the compiled backward through the same ring (same context, same cached plan).
+ringattn.unshard likewise: its backward is this rank's rows of the gradient."""
 import torch
 
-from . import _torch_forward
+from . import _cuda_stream, _torch_forward, _unshard, shard
 
 
 class RingAttentionFunction(torch.autograd.Function):
@@ -25,7 +26,21 @@ class RingAttentionFunction(torch.autograd.Function):
         dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
         dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
         ctx.backward(shard_, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o32.data_ptr(), lse.data_ptr(),
-                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _cuda_stream(q))
         if q.dtype != torch.float32:
             dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
         return dq, dk, dv, None, None, None
+
+
+class UnshardFunction(torch.autograd.Function):
+    """The whole tensor from every rank's rows. When every rank computes the same loss from it,
+    the gradient of a rank's rows is its rows of the whole tensor's gradient: no communication."""
+    @staticmethod
+    def forward(fctx, x_local, dim, layout, causal, comm, ulysses):
+        fctx.sharding = (dim, layout, causal, comm, ulysses)
+        return _unshard(x_local, dim, layout, causal, comm, ulysses)
+
+    @staticmethod
+    def backward(fctx, grad):
+        dim, layout, causal, comm, ulysses = fctx.sharding
+        return shard(grad, dim, layout, causal, comm, ulysses), None, None, None, None, None

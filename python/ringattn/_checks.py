@@ -73,7 +73,7 @@ def _int_list(x):
 
 
 def mask_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, layout, schedule, return_lse,
-              bigbird, seed):
+              bigbird, seed, ulysses=1):
     """(None, arguments of _ringattn.make_spec) or (problem, None)."""
     if not isinstance(causal, bool):
         return (TypeError, "causal", "expected a bool, got %s" % type(causal).__name__), None
@@ -117,5 +117,10 @@ def mask_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, l
         return (ValueError, "schedule", "%r, expected 'direct' or 'ring'" % (schedule,)), None
     if not isinstance(return_lse, bool):
         return (TypeError, "return_lse", "expected a bool, got %s" % type(return_lse).__name__), None
+    # Whether U divides the ranks and the heads is checked with every rank's shapes (the agreement).
+    if not _is_int(ulysses):
+        return (TypeError, "ulysses", "expected an int, got %s" % type(ulysses).__name__), None
+    if ulysses < 1:
+        return (ValueError, "ulysses", "%d: expected an integer >= 1 (1: the ring alone)" % ulysses), None
     return None, (causal, int(window[0]), int(window[1]), docs, mask_bytes, mask_block, bigbird, seed, scale,
-                  layout or "", schedule)
+                  layout or "", schedule, ulysses)

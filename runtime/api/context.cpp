@@ -61,11 +61,16 @@ struct Context::Impl {
   comm::Communicator* ring_comm = nullptr;
   std::unique_ptr<AttentionBackend> backend;
   std::function<void(int, int)> on_step;
+  bool has_caller_stream = false;  // set_cuda_stream was called
+  void* caller_stream = nullptr;
   std::map<std::string, std::unique_ptr<Plan>> plans;
   int local_rank = 0, local_ranks = 1;
 
   // Agrees on the call (collective); returns the plan, or throws ArgumentError on every rank.
   Plan& agree(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error);
+  // Runs one pass of `plan` (pass: the ring's PassStats), ordered with the caller's stream.
+  template <class Pass>
+  RingStats run(Plan& plan, Pass pass);
 };
 
 namespace {
@@ -170,6 +175,10 @@ const ContextOptions& Context::options() const { return impl_->options; }
 AttentionBackend& Context::backend() { return *impl_->backend; }
 size_t Context::cached_plans() const { return impl_->plans.size(); }
 void Context::set_step_callback(std::function<void(int, int)> on_step) { impl_->on_step = std::move(on_step); }
+void Context::set_cuda_stream(void* stream) {
+  impl_->has_caller_stream = true;
+  impl_->caller_stream = stream;
+}
 
 SequenceLayout Context::layout(const AttentionSpec& spec) const {
   switch (api::layout_kind(spec)) {
@@ -179,16 +188,28 @@ SequenceLayout Context::layout(const AttentionSpec& spec) const {
   }
 }
 
-int64_t Context::rows(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  if (seq_len < size())
+namespace {
+
+// The sharding of seq_len positions over `ranks` that a spec asks for (its layout and, with
+// ulysses > 1, the groups'); throws ArgumentError naming seq_len or ulysses.
+ShardLayout spec_layout(int64_t seq_len, const AttentionSpec& spec, int ranks) {
+  if (seq_len < ranks)
     throw ArgumentError("seq_len", "seq_len: " + std::to_string(seq_len) + " positions cannot be sharded over " +
-                                       std::to_string(size()) + " ranks (each needs at least one)");
-  return ShardLayout(api::layout_kind(spec), seq_len, size()).rows(rank < 0 ? this->rank() : rank);
+                                       std::to_string(ranks) + " ranks (each needs at least one)");
+  if (spec.ulysses < 1 || ranks % spec.ulysses != 0)
+    throw ArgumentError("ulysses", "ulysses: " + std::to_string(spec.ulysses) + " must divide the " +
+                                       std::to_string(ranks) + " ranks");
+  return ShardLayout(api::layout_kind(spec), seq_len, ranks, spec.ulysses);
+}
+
+}  // namespace
+
+int64_t Context::rows(int64_t seq_len, const AttentionSpec& spec, int rank) const {
+  return spec_layout(seq_len, spec, size()).rows(rank < 0 ? this->rank() : rank);
 }
 
 std::vector<int64_t> Context::positions(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  rows(seq_len, spec, rank);  // checks seq_len
-  return ShardLayout(api::layout_kind(spec), seq_len, size()).positions(rank < 0 ? this->rank() : rank);
+  return spec_layout(seq_len, spec, size()).positions(rank < 0 ? this->rank() : rank);
 }
 
 void Context::allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank) {
@@ -238,8 +259,8 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
     if (a.kv_heads != first.kv_heads)
       throw ArgumentError("k", "k: shape " + shape_text(a, true) + on + shape_text(first, true) + " on rank 0");
     if (a.spec_hash != first.spec_hash)
-      throw ArgumentError("mask", "mask: the mask, layout, schedule or softmax_scale differ between rank 0 and rank " +
-                                      std::to_string(r) + " (every rank must pass the same)");
+      throw ArgumentError("mask", "mask: the mask, layout, schedule, softmax_scale or ulysses differ between rank 0 "
+                                  "and rank " + std::to_string(r) + " (every rank must pass the same)");
     L += a.rows;
   }
   // The same data on every rank from here: every rank finds the same problem, or none.
@@ -288,13 +309,21 @@ RingStats public_stats(const PassStats& s, const UlyssesAttention& ring);
 
 }  // namespace
 
+template <class Pass>
+RingStats Context::Impl::run(Plan& plan, Pass pass) {
+  plan.ring->on_step = on_step;
+  if (has_caller_stream) backend->after_stream(caller_stream);
+  const PassStats stats = pass(*plan.ring);
+  if (has_caller_stream) backend->before_stream(caller_stream);
+  return public_stats(stats, *plan.ring);
+}
+
 RingStats Context::forward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
                            float* o, float* lse) {
   const char* missing = !q ? "q" : !k ? "k" : !v ? "v" : !o ? "o" : !lse ? "lse" : nullptr;
   const ArgumentError null_pointer(missing ? missing : "", std::string(missing ? missing : "") + ": null pointer");
   Plan& plan = impl_->agree(shard, spec, missing ? &null_pointer : nullptr);
-  plan.ring->on_step = impl_->on_step;
-  return public_stats(plan.ring->forward(q, k, v, o, lse), *plan.ring);
+  return impl_->run(plan, [&](UlyssesAttention& ring) { return ring.forward(q, k, v, o, lse); });
 }
 
 RingStats Context::backward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
@@ -308,8 +337,7 @@ RingStats Context::backward(const Shard& shard, const AttentionSpec& spec, const
                                 : nullptr;
   const ArgumentError null_pointer(missing ? missing : "", std::string(missing ? missing : "") + ": null pointer");
   Plan& plan = impl_->agree(shard, spec, missing ? &null_pointer : nullptr);
-  plan.ring->on_step = impl_->on_step;
-  return public_stats(plan.ring->backward(q, k, v, o, lse, dout, dq, dk, dv), *plan.ring);
+  return impl_->run(plan, [&](UlyssesAttention& ring) { return ring.backward(q, k, v, o, lse, dout, dq, dk, dv); });
 }
 
 namespace {

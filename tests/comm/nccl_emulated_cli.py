@@ -5,7 +5,8 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
   attention   forward and backward checked against fp64 (--check, exit 0) for causal/zigzag,
               window, documents and BigBird masks, both schedules, an uneven length, P = 1..4,
               fp32 and bf16, over --comm nccl; and over --comm mpi (host-staged) with 2 ranks
-              sharing one emulated GPU
+              sharing one emulated GPU; `ringattn bench` (a context per point) with --ulysses 1,2
+              over NCCL and host-staged
   layer       the LoRA layer at P = 2 (its attention runs on the CPU backend)
   faults      a rank stopped (SIGSTOP) mid-backward: exit 4 within the timeout, the error names
               the rank and the step, and teardown does not hang; more ranks than GPUs on a node
@@ -76,6 +77,16 @@ def main():
             code, out, err, seconds = run(args, np, env)
             ok = code == 0 and "check     passed" in out and ("comm nccl" in out) == ("--comm nccl" in " ".join(args))
             report("%s (%.1f s)" % (name, seconds), ok, " ".join(args) + "\n" + out + err)
+        # The scaling benchmark through the same API, a context per point: over NCCL (whose
+        # emulation spans the whole job, so one rank count) and host-staged on sub-communicators.
+        bench = ["bench", "--backend", "cuda", "--ulysses", "1,2", "--seq-len", "128", "--heads", "2", "--head-dim",
+                 "16", "--iters", "1", "--warmup", "0"]
+        for name, args, env in (("--comm nccl P=2", bench + ["--comm", "nccl", "--ranks", "2"], {}),
+                                ("--comm mpi P=1,2 bf16", bench + ["--comm", "mpi", "--dtype", "bf16"],
+                                 {"RINGATTN_EMULATED_GPUS": "1"})):
+            code, out, err, seconds = run(args, 2, env)
+            report("bench %s U=1,2 (%.1f s)" % (name, seconds), code == 0 and "# OK: every point matches" in out,
+                   " ".join(args) + "\n" + out + err)
     elif ARGS.group == "layer":
         code, out, err, seconds = run(["layer", "--demo", "--seq-len", "64", "--heads", "2", "--d-model", "32",
                                        "--steps", "2", "--causal", "--threads", "1"], 2)

@@ -2,11 +2,15 @@
 // CUDA device is visible (except the device query, which must work without one).
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/elementwise.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_backend.hpp"
 #include "runtime/random_inputs.hpp"
@@ -74,6 +78,31 @@ TEST(CudaBackend, MemoryOperationsMatchTheCpuBackend) {
     for (float x : get<float>(*be, f)) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
     for (uint8_t x : get<uint8_t>(*be, z)) EXPECT_EQ(x, 0);
   }
+}
+
+// A caller's stream (as PyTorch's current stream, ringattn::Context::set_cuda_stream): the
+// backend's work starts after what the caller queued on it, and the caller's later work after
+// the backend's, without synchronising the host with the caller's stream.
+TEST(CudaBackend, OrdersWithTheCallersStream) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  cudaStream_t caller = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = size_t(1) << 18;
+  DeviceBuffer x(*gpu, sizeof(float) * n), sum(*gpu, sizeof(float) * n);
+  gpu->zero(sum.data(), sizeof(float) * n);
+  gpu->synchronize();
+  // The producer: queued fills, still running on a GPU when the backend is handed the stream.
+  for (int i = 1; i <= 8; ++i) kernels::cuda_fill(x.as<float>(), n, float(i), caller);
+  gpu->after_stream(caller);
+  gpu->add(sum.as<float>(), x.as<float>(), n);  // reads x: must see the producer's last value
+  gpu->before_stream(caller);
+  kernels::cuda_fill(x.as<float>(), n, -1.0f, caller);  // the consumer: after the backend's read
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  const std::vector<float> got = get<float>(*gpu, sum);
+  EXPECT_EQ(std::count(got.begin(), got.end(), 8.0f), std::ptrdiff_t(n));
+  for (float v : get<float>(*gpu, x)) ASSERT_EQ(v, -1.0f);
+  cudaStreamDestroy(caller);
 }
 
 // forward, delta and backward of both backends on a shard against gathered keys, fp32 and bf16.
