@@ -29,6 +29,7 @@
 #include "runtime/random_inputs.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "ringattn/ringattn.hpp"
+#include "runtime/api/arguments.hpp"
 
 namespace po = boost::program_options;
 
@@ -112,26 +113,6 @@ class ProgressLine {
   double shown_ = -1e9;
 };
 
-// The job's mask, as the library's API takes it (the generated BigBird mask as its block mask).
-AttentionSpec attention_spec(const Mask& mask, const Job& job) {
-  AttentionSpec spec;
-  spec.mask.causal = mask.causal;
-  spec.mask.window_left = mask.window_left;
-  spec.mask.window_right = mask.window_right;
-  const std::vector<int64_t>& offsets = mask.doc_offsets();
-  for (size_t d = 1; d < offsets.size(); ++d) spec.mask.doc_lens.push_back(offsets[d] - offsets[d - 1]);
-  if (mask.has_block_mask()) {
-    spec.mask.block_mask = mask.block_mask();
-    spec.mask.mask_block = mask.mask_block();
-  }
-  spec.layout = job.layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
-                : job.layout == LayoutKind::striped ? SequenceLayout::striped
-                                                    : SequenceLayout::contiguous;
-  spec.schedule = job.schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
-  spec.softmax_scale = job.dims.scale;
-  return spec;
-}
-
 }  // namespace
 
 int run_attention(LaunchContext& ctx) {
@@ -195,11 +176,7 @@ int run_attention(LaunchContext& ctx) {
   // of GPUs is a usage error.
   std::optional<Context> api;
   agreed_phase(comm, [&] {
-    const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ctx.world);
-    if (!mpi) throw RuntimeFault("the attention job runs over an MPI communicator");
     ContextOptions options;
-    options.backend = job.execution.backend;
-    options.comm = job.execution.comm;
     options.threads = job.threads;
     options.timeout_s = job.opt.timeout;
     options.emulate_bandwidth_gbps = job.opt.emulate_bandwidth;
@@ -207,25 +184,14 @@ int run_attention(LaunchContext& ctx) {
     // --ulysses U > 1: the ring runs across groups, an all-to-all inside them, over this link.
     options.emulate_intra_bandwidth_gbps = job.opt.emulate_intra_bandwidth;
     options.emulate_intra_latency_us = job.opt.emulate_intra_latency;
-    try {
-      api.emplace(mpi->mpi_comm(), options);
-    } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
-      throw;
-    } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
-      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
-                       e.what());
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--backend ") + job.execution.backend + " --comm " + job.execution.comm + ": " +
-                       e.what());
-    }
+    open_context(api, ctx, job.execution, options);
   });
   AttentionBackend* backend = &api->backend();
   const Shard shard{B, rows, H, Hkv, D, job.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
   // What the ring computes: the job's mask, scale and hybrid degree (RINGATTN_TEST_FAULT may plant an
   // error here, which the --check must catch).
-  AttentionSpec spec = attention_spec(ring_mask, job);
-  spec.softmax_scale = test_fault.ring_dims(job.dims).scale;
-  spec.ulysses = job.opt.ulysses;
+  const AttentionSpec spec =
+      api::attention_spec(ring_mask, job.layout, job.schedule, test_fault.ring_dims(job.dims).scale, job.opt.ulysses);
 
   // Inputs: each rank reads (or generates) only its own rows, one tensor at a time into the
   // backend. A host copy is kept only for --check, and not even then when the backend's buffers

@@ -1,5 +1,6 @@
 #include "launch/execution.hpp"
 
+#include "comm/mpi_communicator.hpp"
 #include "runtime/cuda_backend.hpp"
 #include "runtime/errors.hpp"
 #if defined(RINGATTN_WITH_CUDA)
@@ -43,6 +44,24 @@ ExecutionChoice choose_execution(const std::string& backend_option, const std::s
                        " GPUs (use --comm mpi to share GPUs, or start fewer ranks per node)");
   }
   return c;
+}
+
+void open_context(std::optional<Context>& api, const LaunchContext& ctx, const ExecutionChoice& choice,
+                  ContextOptions options) {
+  const auto* mpi = dynamic_cast<const comm::MpiCommunicator*>(&ctx.world);
+  if (!mpi) throw RuntimeFault("a job's context is opened over an MPI communicator");
+  options.backend = choice.backend;
+  options.comm = choice.comm;
+  const std::string flags = "--backend " + choice.backend + " --comm " + choice.comm + ": ";
+  try {
+    api.emplace(mpi->mpi_comm(), options);
+  } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
+    throw;
+  } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
+    throw UsageError(flags + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(flags + e.what());
+  }
 }
 
 Execution make_execution(const ExecutionChoice& choice, comm::Communicator& ranks, int local_rank, int threads) {

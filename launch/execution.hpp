@@ -4,10 +4,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.hpp"
 #include "launch/context.hpp"
+#include "ringattn/ringattn.hpp"
 #include "runtime/backend.hpp"
 
 namespace ringattn {
@@ -22,6 +24,13 @@ struct ExecutionChoice {
 // Throws UsageError naming the option.
 ExecutionChoice choose_execution(const std::string& backend_option, const std::string& comm_option,
                                  int64_t head_dim, const LaunchContext& ctx);
+
+// Opens the library's context (include/ringattn/ringattn.hpp) over the job's ranks (ctx.world, an
+// MPI communicator) with the chosen backend and communicator, the rest from `options`. Collective
+// (NCCL is set up here). What usage can cause (e.g. NCCL's placement check: more ranks than GPUs)
+// becomes UsageError naming --backend and --comm; a communication fault stays CommError (exit 4).
+void open_context(std::optional<Context>& api, const LaunchContext& ctx, const ExecutionChoice& choice,
+                  ContextOptions options);
 
 struct Execution {
   std::unique_ptr<AttentionBackend> backend;

@@ -6,7 +6,11 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
               window, documents and BigBird masks, both schedules, an uneven length, P = 1..4,
               fp32 and bf16, over --comm nccl; and over --comm mpi (host-staged) with 2 ranks
               sharing one emulated GPU
-  layer       the LoRA layer at P = 2 (its attention runs on the CPU backend)
+  layer       the LoRA layer at P = 2 on --backend cuda --comm nccl (cuBLAS GEMMs served by the CPU
+              GEMM, RoPE/bias kernels on the emulated GPU, NCCL parameter gathers and gradient
+              reduce-scatter): --check against the CPU backend in fp32 (Y, dX, the LoRA gradients)
+              with RoPE and biases, fp32 and bf16; training with --steps gives the CPU's losses
+              and output; the host-staged --comm mpi path; the demo
   faults      a rank stopped (SIGSTOP) mid-backward: exit 4 within the timeout, the error names
               the rank and the step, and teardown does not hang; more ranks than GPUs on a node
               with --comm nccl: a usage error naming both counts
@@ -14,11 +18,18 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
 Sizes are tiny: emulated kernels run threads as fibers on one core.
 """
 import argparse
+import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from cli_test import load, save, uniform  # noqa: E402  (.npy files without NumPy)
 
 SMALL = ["--heads", "2", "--head-dim", "16", "--check"]
 
@@ -63,6 +74,73 @@ def attention_cases():
     return cases
 
 
+def layer_files(w):
+    """x, dy, target (B 2, L 67, d_model 64) and a weights folder of a GQA layer (4 heads, 2 KV heads):
+    W0, biases and rank-4 LoRA factors of q, k, v, o."""
+    B, L, d, H, HKV, R = 2, 67, 64, 4, 2, 4
+    D = d // H
+    p = lambda name: os.path.join(w, name)
+    os.makedirs(p("W"))
+    for name, seed, scale in (("x", 1, 1.0), ("dy", 2, 1.0), ("t", 3, 0.5)):
+        save(p(name + ".npy"), (B, L, d), uniform(B * L * d, seed, scale))
+    shapes = {"q": (H * D, d), "k": (HKV * D, d), "v": (HKV * D, d), "o": (d, H * D)}
+    for i, (proj, (out, inp)) in enumerate(shapes.items()):
+        save(p("W/w%s.npy" % proj), (out, inp), uniform(out * inp, 10 + i, 1.7 / math.sqrt(inp)))
+        save(p("W/b%s.npy" % proj), (out,), uniform(out, 20 + i, 0.5))
+        save(p("W/lora_%s_A.npy" % proj), (R, inp), uniform(R * inp, 30 + i, 1.7 / math.sqrt(inp)))
+        save(p("W/lora_%s_B.npy" % proj), (out, R), uniform(out * R, 40 + i, 0.5))
+    return ["--x", p("x.npy"), "--weights", p("W"), "--heads", str(H), "--kv-heads", str(HKV), "--lora-alpha", "8",
+            "--threads", "1"]
+
+
+def layer_cases(report):
+    w = tempfile.mkdtemp(prefix="ringattn_layer_")
+    try:
+        files = layer_files(w)
+        p = lambda name: os.path.join(w, name)
+        nccl = ["--backend", "cuda", "--comm", "nccl"]
+        rope = ["--causal", "--rope-theta", "10000"]
+        checked = {
+            "fp32, RoPE and biases, zigzag": rope + ["--dtype", "fp32"],
+            "bf16 GEMMs and ring, interleaved partial RoPE, striped": rope + [
+                "--dtype", "bf16", "--rope-interleaved", "--rope-dims", "8", "--layout", "striped"],
+        }
+        for name, extra in checked.items():
+            args = ["layer"] + files + nccl + extra + ["--dy", p("dy.npy"), "--check"]
+            code, out, err, seconds = run(args, 2)
+            ok = code == 0 and "check     passed" in out and "backend cuda" in out and "comm nccl" in out
+            report("layer P=2 on cuda/nccl, %s: --check (Y, dX, dA/dB) against the CPU (%.1f s)" % (name, seconds),
+                   ok, " ".join(args) + "\n" + out + err)
+        # Ranks sharing one GPU: parameters and gradients over MPI through host memory.
+        args = ["layer"] + files + ["--backend", "cuda", "--comm", "mpi", "--causal", "--dy", p("dy.npy"), "--check"]
+        code, out, err, seconds = run(args, 2, {"RINGATTN_EMULATED_GPUS": "1"})
+        report("layer P=2 sharing one GPU (--comm mpi, host-staged): --check (%.1f s)" % seconds,
+               code == 0 and "check     passed" in out, " ".join(args) + "\n" + out + err)
+        # Training: the same losses and trained output as the CPU backend.
+        results = {}
+        for backend in ("cpu", "cuda"):
+            args = ["layer"] + files + rope + ["--backend", backend, "--target", p("t.npy"), "--steps", "3",
+                                               "--lr", "0.01", "--json", p(backend + ".json"), "--out",
+                                               p("y_" + backend + ".npy")]
+            if backend == "cuda":
+                args += ["--comm", "nccl"]
+            code, out, err, seconds = run(args, 2)
+            if code != 0:
+                report("layer P=2 training on %s (%.1f s)" % (backend, seconds), False,
+                       " ".join(args) + "\n" + out + err)
+                return
+            with open(p(backend + ".json")) as f:
+                results[backend] = (json.load(f)["losses"], load(p("y_" + backend + ".npy"))[1])
+        (cpu_losses, cpu_y), (cuda_losses, cuda_y) = results["cpu"], results["cuda"]
+        loss_err = max(abs(a - b) / abs(b) for a, b in zip(cuda_losses, cpu_losses))
+        y_err = max(abs(a - b) for a, b in zip(cuda_y, cpu_y)) / max(abs(b) for b in cpu_y)
+        report("layer P=2 --steps 3 on cuda/nccl: losses within %.1e and the trained Y within %.1e of the CPU's" %
+               (loss_err, y_err), len(cuda_losses) == 3 and loss_err < 1e-4 and y_err < 1e-4,
+               "cuda %s\ncpu  %s" % (cuda_losses, cpu_losses))
+    finally:
+        shutil.rmtree(w, ignore_errors=True)
+
+
 def main():
     failures = 0
 
@@ -77,9 +155,11 @@ def main():
             ok = code == 0 and "check     passed" in out and ("comm nccl" in out) == ("--comm nccl" in " ".join(args))
             report("%s (%.1f s)" % (name, seconds), ok, " ".join(args) + "\n" + out + err)
     elif ARGS.group == "layer":
+        layer_cases(report)
         code, out, err, seconds = run(["layer", "--demo", "--seq-len", "64", "--heads", "2", "--d-model", "32",
-                                       "--steps", "2", "--causal", "--threads", "1"], 2)
-        report("layer at P=2 (%.1f s)" % seconds, code == 0, out + err)
+                                       "--steps", "2", "--causal", "--threads", "1", "--backend", "cuda", "--comm",
+                                       "nccl"], 2)
+        report("layer demo at P=2 on cuda/nccl (%.1f s)" % seconds, code == 0 and "comm nccl" in out, out + err)
     elif ARGS.group == "faults":
         # Rank 1 stops after its third step (forward's 2 and backward's first): rank 0 waits for
         # a step that rank 1 never joins.
