@@ -36,8 +36,9 @@
 // GPU. The gathers and the reduce-scatter use the context's communicator: MPI, or with the CUDA
 // backend NCCL (--comm nccl; equal-size blocks, so ncclReduceScatter) or MPI through host memory.
 // The parameters' master copy (ShardedProjection, what the files load and the optimizer updates)
-// is fp32 in host memory; a mirror of this rank's slices in the backend's memory is refreshed
-// before a pass for the parts that changed.
+// is fp32 in host memory; a mirror of this rank's slices in the backend's memory (in the GEMMs'
+// type) is refreshed before each forward pass for the parts that changed (backward uses what its
+// forward used).
 //
 // Precision. With --dtype fp32 every GEMM is fp32. With --dtype bf16 the ring stores Q, K, V and
 // dO as bf16 and every GEMM takes bf16 operands (X, the gathered weights, O, x A^T and the

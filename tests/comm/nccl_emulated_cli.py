@@ -74,29 +74,30 @@ def attention_cases():
     return cases
 
 
-def layer_files(w):
-    """x, dy, target (B 2, L 67, d_model 64) and a weights folder of a GQA layer (4 heads, 2 KV heads):
-    W0, biases and rank-4 LoRA factors of q, k, v, o."""
-    B, L, d, H, HKV, R = 2, 67, 64, 4, 2, 4
-    D = d // H
+def layer_files(w, batch=2, seq_len=67, d_model=64, heads=4, kv_heads=2, rank=4):
+    """Writes x, dy, t (batch, seq_len, d_model) and a folder W of a layer's weights (W0, biases and LoRA
+    factors of q, k, v, o) into w; returns the layer's arguments for them. (launch/gpu-check.sh
+    uses it too.)"""
+    D = d_model // heads
     p = lambda name: os.path.join(w, name)
     os.makedirs(p("W"))
     for name, seed, scale in (("x", 1, 1.0), ("dy", 2, 1.0), ("t", 3, 0.5)):
-        save(p(name + ".npy"), (B, L, d), uniform(B * L * d, seed, scale))
-    shapes = {"q": (H * D, d), "k": (HKV * D, d), "v": (HKV * D, d), "o": (d, H * D)}
+        save(p(name + ".npy"), (batch, seq_len, d_model), uniform(batch * seq_len * d_model, seed, scale))
+    shapes = {"q": (heads * D, d_model), "k": (kv_heads * D, d_model), "v": (kv_heads * D, d_model),
+              "o": (d_model, heads * D)}
     for i, (proj, (out, inp)) in enumerate(shapes.items()):
         save(p("W/w%s.npy" % proj), (out, inp), uniform(out * inp, 10 + i, 1.7 / math.sqrt(inp)))
         save(p("W/b%s.npy" % proj), (out,), uniform(out, 20 + i, 0.5))
-        save(p("W/lora_%s_A.npy" % proj), (R, inp), uniform(R * inp, 30 + i, 1.7 / math.sqrt(inp)))
-        save(p("W/lora_%s_B.npy" % proj), (out, R), uniform(out * R, 40 + i, 0.5))
-    return ["--x", p("x.npy"), "--weights", p("W"), "--heads", str(H), "--kv-heads", str(HKV), "--lora-alpha", "8",
-            "--threads", "1"]
+        save(p("W/lora_%s_A.npy" % proj), (rank, inp), uniform(rank * inp, 30 + i, 1.7 / math.sqrt(inp)))
+        save(p("W/lora_%s_B.npy" % proj), (out, rank), uniform(out * rank, 40 + i, 0.5))
+    return ["--x", p("x.npy"), "--weights", p("W"), "--heads", str(heads), "--kv-heads", str(kv_heads),
+            "--lora-alpha", str(2 * rank)]
 
 
 def layer_cases(report):
     w = tempfile.mkdtemp(prefix="ringattn_layer_")
     try:
-        files = layer_files(w)
+        files = layer_files(w) + ["--threads", "1"]
         p = lambda name: os.path.join(w, name)
         nccl = ["--backend", "cuda", "--comm", "nccl"]
         rope = ["--causal", "--rope-theta", "10000"]
