@@ -133,18 +133,21 @@ void SliceMirror::refresh(const ShardedProjection& p, AttentionBackend& backend,
   const std::array<char*, 4> at = part_starts(storage_.data(), b);
   slices_ = ProjectionSlices{at[0], at[1], at[2], s.bias ? reinterpret_cast<const float*>(at[3]) : nullptr};
   std::vector<bf16_bits> staging;
+  auto upload = [&](void* to, const void* from, size_t bytes) {
+    if (bytes) backend.upload(to, from, bytes);
+  };
   auto bring = [&](ProjectionPart part, size_t index, auto copy) {
     if (copied_ && versions_[index] == p.version(part)) return;
     copy();
     versions_[index] = p.version(part);
   };
-  bring(ProjectionPart::w0, 0, [&] { backend.upload(at[0], host_operand(w0, type, staging), b.w0); });
+  bring(ProjectionPart::w0, 0, [&] { upload(at[0], host_operand(w0, type, staging), b.w0); });
   bring(ProjectionPart::lora_a, 1, [&] {  // A^T rows then B rows: lora()'s layout
     const char* from = static_cast<const char*>(host_operand(lora, type, staging));
-    backend.upload(at[1], from, b.a_t);
-    backend.upload(at[2], from + b.a_t, b.b);
+    upload(at[1], from, b.a_t);
+    upload(at[2], from + b.a_t, b.b);
   });
-  bring(ProjectionPart::bias, 2, [&] { backend.upload(at[3], bias.data(), b.bias); });
+  bring(ProjectionPart::bias, 2, [&] { upload(at[3], bias.data(), b.bias); });
   copied_ = true;
 }
 
