@@ -29,6 +29,7 @@
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
 #include "ringattn/ringattn.hpp"
+#include "runtime/api/arguments.hpp"
 
 namespace po = boost::program_options;
 
@@ -183,8 +184,8 @@ int run_attention(LaunchContext& ctx) {
   const Shard shard{B, rows, H, Hkv, D, job.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
   // What the ring computes: the job's mask, scale and hybrid degree (RINGATTN_TEST_FAULT may plant an
   // error here, which the --check must catch).
-  const AttentionSpec spec = attention_spec(ring_mask, job.layout, job.schedule, test_fault.ring_dims(job.dims).scale,
-                                            job.opt.ulysses);
+  const AttentionSpec spec =
+      api::attention_spec(ring_mask, job.layout, job.schedule, test_fault.ring_dims(job.dims).scale, job.opt.ulysses);
 
   // Inputs: each rank reads (or generates) only its own rows, one tensor at a time into the
   // backend. A host copy is kept only for --check, and not even then when the backend's buffers

@@ -72,25 +72,4 @@ std::unique_ptr<Context> open_context(const comm::Communicator& ranks, const Con
   }
 }
 
-AttentionSpec attention_spec(const Mask& mask, LayoutKind layout, Schedule schedule, float softmax_scale,
-                             int ulysses) {
-  AttentionSpec spec;
-  spec.mask.causal = mask.causal;
-  spec.mask.window_left = mask.window_left;
-  spec.mask.window_right = mask.window_right;
-  const std::vector<int64_t>& offsets = mask.doc_offsets();
-  for (size_t d = 1; d < offsets.size(); ++d) spec.mask.doc_lens.push_back(offsets[d] - offsets[d - 1]);
-  if (mask.has_block_mask()) {
-    spec.mask.block_mask = mask.block_mask();
-    spec.mask.mask_block = mask.mask_block();
-  }
-  spec.layout = layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
-                : layout == LayoutKind::striped ? SequenceLayout::striped
-                                                : SequenceLayout::contiguous;
-  spec.schedule = schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
-  spec.softmax_scale = softmax_scale;
-  spec.ulysses = ulysses;
-  return spec;
-}
-
 }  // namespace ringattn

@@ -8,12 +8,9 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "kernels/mask/mask.hpp"
 #include "launch/context.hpp"
 #include "launch/options_util.hpp"
 #include "ringattn/ringattn.hpp"
-#include "runtime/ring_plan.hpp"
-#include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
@@ -41,9 +38,5 @@ ContextOptions context_options(const ExecutionChoice& choice, const ExecutionOpt
 // init timed out) stays a CommError (exit 4).
 std::unique_ptr<Context> open_context(const comm::Communicator& ranks, const ContextOptions& options);
 
-// A job's mask and ring choices as the library's API takes them (a generated BigBird mask goes
-// as its block mask, so that the API builds exactly the mask the job checks against).
-AttentionSpec attention_spec(const Mask& mask, LayoutKind layout, Schedule schedule, float softmax_scale,
-                             int ulysses);
 
 }  // namespace ringattn

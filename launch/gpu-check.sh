@@ -8,9 +8,11 @@
 #      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels);
 #   3. the kernel tests (ctest label cuda, without the CPU emulation's copies);
 #   4. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
-#      (host-staged transfers) with --check, when MPI is there (otherwise skipped, said so); and
-#      the Python module on CUDA tensors (forward and backward at P = 1 against fp64, on torch's
-#      current stream; tests/python/cuda_check.py) when it was built and torch has CUDA;
+#      (host-staged transfers) with --check, and one rank of the LoRA layer on it (cuBLAS bf16
+#      GEMMs, its RoPE and bias kernels, NCCL's reduce-scatter) checked against the CPU backend,
+#      when MPI is there (otherwise skipped, said so); and the Python module on CUDA tensors
+#      (forward and backward at P = 1 against fp64, on torch's current stream;
+#      tests/python/cuda_check.py) when it was built and torch has CUDA;
 #   5. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
 #      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
 #      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
@@ -172,6 +174,21 @@ if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
   step ring_np2 60 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" \
     --json "$logs/ring_np2.json" || status=1
   step ring_tests 90 ctest --test-dir "$build" -R '^cuda_mpi_np[12]$' --output-on-failure --timeout 85 || status=1
+  # The LoRA layer (L 2048, d_model 512, 8 heads, 2 KV heads, r 16, biases, RoPE, bf16) forward and
+  # backward on this GPU, --check'ed against the CPU backend in fp32; inputs written by the
+  # emulated tests' own helper (plain Python).
+  layer_dir=$build/layer-check
+  rm -rf "$layer_dir"
+  if layer_args=$(python3 -c 'import sys; sys.path[:0] = ["tests/comm"]; import nccl_emulated_cli as t
+print(" ".join(t.layer_files(sys.argv[1], batch=1, seq_len=2048, d_model=512, heads=8, kv_heads=2, rank=16)))' \
+       "$layer_dir" 2>> "$logs/layer_np1.log"); then
+    # shellcheck disable=SC2086  # (the arguments are paths under $build and numbers)
+    step layer_np1 60 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" layer $layer_args \
+      --backend cuda --comm nccl --dtype bf16 --causal --rope-theta 10000 --dy "$layer_dir/dy.npy" --check \
+      --json "$logs/layer_np1.json" || status=1
+  else
+    skipped layer_np1 "python3 could not write the layer's inputs (see $logs/layer_np1.log)"
+  fi
 else
   skipped ring "no MPI on this machine (check-only build): the ring's CUDA path is not run"
 fi

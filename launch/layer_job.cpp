@@ -1,17 +1,22 @@
 #include "launch/layer_job.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
+#include <utility>
 
 #include "comm/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/cpu_binding.hpp"
+#include "launch/execution.hpp"
 #include "launch/job_control.hpp"
 #include "launch/job_util.hpp"
 #include "launch/layer_outputs.hpp"
@@ -24,6 +29,7 @@
 #include "runtime/lora/model_config.hpp"
 #include "runtime/lora/training.hpp"
 #include "runtime/lora/weights.hpp"
+#include "runtime/ulysses_attention.hpp"
 #include "runtime/io/npy.hpp"
 
 namespace po = boost::program_options;
@@ -48,7 +54,7 @@ struct Options : ExecutionOptions {
   int steps = 0;
   double lr = 1e-3;
   std::string optimizer = "adamw";
-  bool demo = false;
+  bool demo = false, check = false;
   int64_t seq_len = 1024, batch = 1, d_model = 128;
   double demo_change = 0.5;
   MaskOptions mask;
@@ -127,13 +133,16 @@ po::options_description describe(Options& o) {
   po::options_description masks("Masks (combined by intersection)");
   add_mask_options(masks, o.mask);
   po::options_description run("Execution");
-  RingOptionFields fields = o.fields();  // the layer runs on the CPU, over MPI, untimed
-  fields.backend = fields.comm = nullptr;
+  RingOptionFields fields = o.fields();  // untimed, on real links
   fields.emulate_bandwidth = fields.emulate_latency = nullptr;
   fields.iters = fields.warmup = nullptr;
   add_ring_options(run, fields);
   add_hybrid_options(run, &o.ulysses, nullptr, nullptr);
-  run.add_options()("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
+  run.add_options()
+      ("check", po::bool_switch(&o.check),
+       "run the pass again on the CPU backend in fp32 and compare Y (and dX and the LoRA gradients with --dy); "
+       "exit 3 and write nothing when they differ")
+      ("json", po::value(&o.json)->value_name("FILE"), "write a JSON summary (rank 0)");
   po::options_description all("ringattn layer options");
   all.add_options()("help,h", "show this help");
   all.add(inputs).add(rope).add(outputs).add(training).add(demo).add(masks).add(run);
@@ -148,6 +157,7 @@ struct LayerJob {
   OptimizerOptions optimizer;
   std::optional<NpyInfo> x_info, dy_info, target_info;
   std::optional<WeightFiles> weights;
+  ExecutionChoice execution;  // backend and communicator
   bool backward = false;  // one backward pass with --dy (not training)
 };
 
@@ -220,6 +230,7 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
     job.opt.steps = given(vm, "steps") ? o.steps : kDemoSteps;
     job.opt.lr = given(vm, "lr") ? o.lr : kDemoLr;
     if (!(o.demo_change > 0) || !std::isfinite(o.demo_change)) throw UsageError("--demo-change must be positive");
+    if (o.check) throw UsageError("--check compares a pass of --x with the CPU's; the demo's loss curve checks itself");
   } else {
     for (const char* name : {"seq-len", "batch", "d-model", "demo-change"})
       if (given(vm, name))
@@ -234,7 +245,7 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
     c.batch = xs.size() == 3 ? xs[0] : 1;
     c.seq_len = xs[xs.size() - 2];
     c.d_model = xs.back();
-    c.validate();  // heads against d_model, before the weights' shapes are read with them
+    c.validate(false);  // heads against d_model, before the weights' shapes are read with them
     if (!o.adapter.empty() && given(vm, "lora-alpha"))
       throw UsageError("--lora-alpha: --adapter " + o.adapter + " gives lora_alpha (adapter_config.json)");
     job.weights = inspect_weights({o.weights, o.weights_prefix, o.adapter}, c.d_model, c.heads, c.kv_heads,
@@ -289,7 +300,9 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
   c.schedule = parse_schedule(o.schedule);
   c.threads = o.threads ? o.threads : ctx.default_threads();
   job.layout = layout_option(o.layout, o.mask.causal);
-  c.validate();
+  c.validate(false);
+  job.execution = choose_execution(o.backend, o.comm, c.head_dim(), ctx);
+  c.validate(job.execution.backend == "cpu" || o.check);  // (--check runs the CPU kernels too)
   check_ulysses(o.ulysses, ctx.world.size(), c.heads, c.kv_heads);
   if (c.seq_len < ctx.world.size())
     throw UsageError("sequence length " + std::to_string(c.seq_len) + " is smaller than the number of ranks " +
@@ -313,6 +326,90 @@ bool merge_to_safetensors(const std::string& path) {
 double max_over_ranks(comm::Communicator& comm, double v) {
   comm.allreduce(&v, 1, comm::DataType::f64, comm::ReduceOp::max);
   return v;
+}
+
+// --check: the same pass again on the CPU backend in fp32 (a second layer over its own context,
+// holding this layer's parameters), and how far apart the results are: per tensor, the largest
+// difference over all ranks relative to the largest value of the CPU's result.
+struct LayerCheck {
+  struct Compared {
+    const char* what;
+    double max_abs_err, scale;
+    double relative() const { return max_abs_err / std::max(scale, 1e-30); }
+  };
+  std::vector<Compared> tensors;
+  double tolerance = 0.0;
+  bool passed = true;
+
+  double max_abs_err() const {
+    double e = 0.0;
+    for (const Compared& t : tensors) e = std::max(e, t.max_abs_err);
+    return e;
+  }
+  double max_relative() const {
+    double e = 0.0;
+    for (const Compared& t : tensors) e = std::max(e, t.relative());
+    return e;
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    s.precision(2);
+    for (const Compared& t : tensors) s << t.what << " " << std::scientific << t.relative() << ", ";
+    s << "largest error / largest value (tolerance " << tolerance << ")";
+    return s.str();
+  }
+};
+
+// fp32 against fp32 differs by summation order (GEMMs, the attention's tiles); bf16 GEMM operands
+// and ring storage round to 8 bits of mantissa.
+constexpr double kCheckToleranceFp32 = 1e-4, kCheckToleranceBf16 = 3e-2;
+
+LayerCheck check_layer(const LaunchContext& ctx, LoraLayer& layer, const LayerConfig& c, const ShardLayout& layout,
+                       const Mask& mask, std::vector<float>& x, std::vector<float>* dy, const std::vector<float>& y,
+                       const std::vector<float>& dx) {
+  comm::Communicator& comm = ctx.world;
+  ContextOptions options;
+  options.backend = "cpu";
+  options.comm = "mpi";
+  options.threads = c.threads;
+  options.timeout_s = comm.timeout();
+  const std::unique_ptr<Context> cpu = open_context(ctx.world, options);
+  LayerConfig fp32 = c;
+  fp32.dtype = DType::f32;
+  LoraLayer reference(*cpu, fp32, layout, mask);
+  for (int p = 0; p < kProjections; ++p) {
+    const ShardedProjection& from = std::as_const(layer).projection(p);
+    ShardedProjection& to = reference.projection(p);
+    std::copy(from.w0().begin(), from.w0().end(), to.w0().begin());
+    std::copy(from.bias().begin(), from.bias().end(), to.bias().begin());
+    std::copy(from.lora().begin(), from.lora().end(), to.lora().begin());
+  }
+  LayerCheck check;
+  check.tolerance = c.dtype == DType::bf16 ? kCheckToleranceBf16 : kCheckToleranceFp32;
+  auto compare = [&](const char* what, std::span<const float> got, std::span<const float> want) {
+    double e[2] = {0.0, 0.0};  // largest |difference|, largest |want|
+    for (size_t i = 0; i < want.size(); ++i) {
+      e[0] = std::max(e[0], std::abs(double(got[i]) - double(want[i])));
+      e[1] = std::max(e[1], std::abs(double(want[i])));
+      if (std::isnan(got[i]) != std::isnan(want[i])) e[0] = std::numeric_limits<double>::infinity();
+    }
+    comm.allreduce(e, 2, comm::DataType::f64, comm::ReduceOp::max);
+    check.tensors.push_back({what, e[0], e[1]});
+    check.passed = check.passed && check.tensors.back().relative() <= check.tolerance;
+  };
+  std::vector<float> want(x.size());
+  reference.forward(x.data(), want.data());  // the CPU's memory is the host's
+  compare("Y", y, want);
+  if (!dy) return check;
+  reference.backward(x.data(), dy->data(), want.data());
+  compare("dX", dx, want);
+  std::vector<float> got_grads, want_grads;
+  for (int p = 0; p < kProjections; ++p) {
+    got_grads.insert(got_grads.end(), layer.lora_grad(p).begin(), layer.lora_grad(p).end());
+    want_grads.insert(want_grads.end(), reference.lora_grad(p).begin(), reference.lora_grad(p).end());
+  }
+  compare("dA/dB", got_grads, want_grads);
+  return check;
 }
 
 }  // namespace
@@ -346,12 +443,18 @@ int run_layer(LaunchContext& ctx) {
     if (rank == 0) dump_block_mask(o.mask, mask);
   });
   comm.set_timeout(o.timeout);
+  // Where the layer computes: the library's context over the job's ranks runs its attention and
+  // lends it the backend and the communicator (NCCL setup is collective; a node short of GPUs is
+  // a usage error).
+  std::unique_ptr<Context> api;
+  agreed_phase(comm, [&] { api = open_context(ctx.world, context_options(job.execution, o, c.threads)); });
   std::unique_ptr<LoraLayer> layer;
   try {
-    layer = std::make_unique<LoraLayer>(comm, c, layout, mask);
+    layer = std::make_unique<LoraLayer>(*api, c, layout, mask);
   } catch (const std::exception& e) {
     fail_now(comm, e);
   }
+  AttentionBackend& backend = layer->backend();
   const std::vector<int64_t>& pos = layer->positions();
   const size_t n = layer->activation_elements();
   std::vector<float> x, dy, target;
@@ -363,6 +466,10 @@ int run_layer(LaunchContext& ctx) {
     if (job.dy_info) dy = read_rows(*job.dy_info, pos, n);
     if (job.target_info) target = read_rows(*job.target_info, pos, n);
   });
+  // The inputs in the backend's memory (the host vectors themselves on the CPU).
+  MirroredFloats x_in(backend, x), dy_in(backend, dy);
+  x_in.upload();
+  dy_in.upload();
 
   // Training (printed as it goes), then the passes whose results are written.
   const bool demo = o.demo;
@@ -375,8 +482,9 @@ int run_layer(LaunchContext& ctx) {
     step_clock.restart();
   };
   if (rank == 0) {
-    std::printf("ringattn layer  %d rank%s x %d thread%s  backend cpu (%s)  comm %s\n", P, P > 1 ? "s" : "", c.threads,
-                c.threads > 1 ? "s" : "", kernels::cpu_isa(), comm.name());
+    std::printf("ringattn layer  %d rank%s x %d thread%s  backend %s (%s)  comm %s\n", P, P > 1 ? "s" : "", c.threads,
+                c.threads > 1 ? "s" : "", backend.name(),
+                job.execution.backend == "cpu" ? kernels::cpu_isa() : "device", job.execution.comm.c_str());
     std::printf("  shape     batch %lld  seq_len %lld  d_model %lld  heads %lld (kv %lld)  head_dim %lld  %s\n",
                 (long long)c.batch, (long long)c.seq_len, (long long)c.d_model, (long long)c.heads,
                 (long long)c.kv_heads, (long long)c.head_dim(), dtype_name(c.dtype));
@@ -414,6 +522,7 @@ int run_layer(LaunchContext& ctx) {
   std::vector<float> y, dx;
   LayerPassStats fwd, bwd;
   std::vector<std::vector<float>> merged(kProjections);
+  std::optional<LayerCheck> check;
   try {
     const comm::Stopwatch train_clock;
     if (demo) {
@@ -424,22 +533,39 @@ int run_layer(LaunchContext& ctx) {
       LoraOptimizer optimizer(*layer, job.optimizer);
       const LossKind kind = job.target_info ? LossKind::mse : LossKind::linear;
       for (int step = 1; step <= o.steps; ++step)
-        print_step(step, train_step(comm, *layer, optimizer, x.data(), kind,
+        print_step(step, train_step(comm, *layer, optimizer, x_in.data(), kind,
                                     kind == LossKind::mse ? target.data() : dy.data(), y, &fwd, &bwd));
     }
     train_seconds = train_clock.seconds();
-    if (!demo && (o.steps == 0 || !o.out.empty())) {
+    if (!demo && (o.steps == 0 || !o.out.empty() || o.check)) {
       y.resize(n);
-      fwd = layer->forward(x.data(), y.data());
+      MirroredFloats y_out(backend, y);
+      fwd = layer->forward(x_in.data(), y_out.data());
+      y_out.download();
     }
     if (job.backward) {
       dx.resize(n);
-      bwd = layer->backward(x.data(), dy.data(), dx.data());
+      MirroredFloats dx_out(backend, dx);
+      bwd = layer->backward(x_in.data(), dy_in.data(), dx_out.data());
+      dx_out.download();
     }
-    if (!o.merge_out.empty())
+    if (o.check) check = check_layer(ctx, *layer, c, layout, mask, x, job.backward ? &dy : nullptr, y, dx);
+    if (!o.merge_out.empty() && !(check && !check->passed))
       for (int p = 0; p < kProjections; ++p) merged[size_t(p)] = layer->merged_rows(p);
   } catch (const std::exception& e) {
     fail_now(comm, e);  // a peer may be blocked in a transfer: end every rank now
+  }
+  auto print_check = [&] {
+    std::printf("  check     %s against the CPU backend in fp32: %s\n", check->passed ? "passed" : "FAILED",
+                check->describe().c_str());
+    std::fflush(stdout);
+  };
+  if (check && !check->passed) {
+    if (rank == 0) {
+      print_check();
+      print_error("--check failed: the layer's results differ from the CPU's; outputs were not written");
+    }
+    return kExitCheckFailed;
   }
 
   LayerOutputs outputs(*layer);
@@ -480,7 +606,7 @@ int run_layer(LaunchContext& ctx) {
   const bool ran_backward = job.backward || o.steps > 0;
   // The attention's K/V traffic (forward) and the share of the forward spent waiting for data
   // (K/V or parameters), averaged over ranks.
-  uint64_t kv_sent = fwd.attention.bytes_sent, kv_needed = layer->attention().bytes_needed();
+  uint64_t kv_sent = fwd.attention.bytes_sent, kv_needed = fwd.attention.bytes_needed;
   comm.allreduce(&kv_sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
   comm.allreduce(&kv_needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
   double exposed = fwd.seconds > 0 ? (fwd.attention.wait_seconds + fwd.gather_wait_seconds) / fwd.seconds : 0.0;
@@ -500,18 +626,20 @@ int run_layer(LaunchContext& ctx) {
               human_bytes(double(layer->full_parameter_bytes())).c_str(), human_bytes(shard).c_str(),
               human_bytes(gathered).c_str());
   std::printf("  memory    peak %s per rank (max)\n", human_bytes(rss).c_str());
+  if (check) print_check();
   std::fflush(stdout);
   if (o.json.empty()) return kExitOk;
   RunSummary summary;
   summary.ranks = P, summary.batch = c.batch, summary.seq_len = c.seq_len, summary.heads = c.heads;
   summary.kv_heads = c.kv_heads, summary.head_dim = c.head_dim(), summary.mask = mask.describe();
   summary.layout = layout_name(job.layout), summary.schedule = schedule_name(c.schedule);
-  summary.dtype = dtype_name(c.dtype), summary.backend = "cpu", summary.comm = comm.name();
+  summary.dtype = dtype_name(c.dtype), summary.backend = backend.name(), summary.comm = job.execution.comm;
   summary.threads = c.threads, summary.forward_s = fwd_s, summary.flops_forward = flops;
   if (ran_backward) summary.backward_s = bwd_s;
   summary.gflops_per_rank = rate_per_rank(flops + proj_flops, fwd_s, P);  // the whole layer's work
   summary.comm_bytes_sent = kv_sent, summary.comm_bytes_needed = kv_needed;
   summary.exposed_comm_fraction = exposed / P, summary.peak_rss_bytes = uint64_t(rss);
+  if (check) summary.max_abs_err = check->max_abs_err();
   Json j = summary_json(summary);  // then what only the layer reports
   j["d_model"] = c.d_model;
   j["lora_rank"] = c.lora_rank;
@@ -521,6 +649,10 @@ int run_layer(LaunchContext& ctx) {
   j["parameter_bytes"] = double(layer->full_parameter_bytes());
   j["parameter_bytes_per_rank"] = shard;
   j["peak_gathered_bytes"] = gathered;
+  if (check) {
+    j["check_passed"] = check->passed;
+    j["check_max_relative_err"] = check->max_relative();
+  }
   if (!losses.empty()) {
     j["steps"] = int(losses.size());
     j["optimizer"] = optimizer_name(job.optimizer.kind);

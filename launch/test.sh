@@ -12,9 +12,9 @@ ctest --test-dir build --output-on-failure --timeout 600 -j"$(nproc)"
 
 # The NCCL path with no GPU: the whole program built on the CPU emulation of CUDA and NCCL
 # (emulation/), and its tests (label nccl_emulation: the NCCL communicator, attention through
-# --backend cuda --comm nccl at P = 1..4, the layer, a stopped rank).
+# --backend cuda --comm nccl at P = 1..4, the LoRA layer on cuBLAS and NCCL, a stopped rank).
 cmake -S . -B build-emulated -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA_EMULATION=ON >/dev/null
-cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests
+cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests ringattn_lora_tests
 ctest --test-dir build-emulated --output-on-failure --timeout 600 -L nccl_emulation
 
 if [ "${RINGATTN_QUICK:-0}" = "1" ]; then

@@ -132,4 +132,28 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// A host vector of floats and its copy in a backend's memory: the vector itself when that memory
+// is the host's (no copy), else a buffer of the vector's size (which must not change while mirrored);
+// upload() and download() move the values (no-ops on the host).
+class MirroredFloats {
+ public:
+  MirroredFloats(AttentionBackend& backend, std::vector<float>& host)
+      : backend_(backend),
+        host_(host),
+        device_(backend.memory() == comm::MemorySpace::host ? DeviceBuffer()
+                                                             : DeviceBuffer(backend, sizeof(float) * host.size())) {}
+  float* data() { return device_.data() ? device_.as<float>() : host_.data(); }  // in the backend's memory
+  void upload() {
+    if (device_.data()) backend_.upload(device_.data(), host_.data(), device_.bytes());
+  }
+  void download() {
+    if (device_.data()) backend_.download(host_.data(), device_.data(), device_.bytes());
+  }
+
+ private:
+  AttentionBackend& backend_;
+  std::vector<float>& host_;
+  DeviceBuffer device_;
+};
+
 }  // namespace ringattn

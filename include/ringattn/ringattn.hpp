@@ -33,6 +33,9 @@
 namespace ringattn {
 
 class AttentionBackend;  // the program's own jobs reach the backend (runtime/backend.hpp)
+namespace comm {
+class Communicator;  // and the ring's communicator (comm/communicator.hpp)
+}
 
 // A bad argument; what() begins with the argument's name.
 class ArgumentError : public std::invalid_argument {
@@ -159,6 +162,10 @@ class Context {
   size_t cached_plans() const;
   // The backend: host/device memory for the program's own jobs (needs the runtime's headers).
   AttentionBackend& backend();
+  // The communicator the ring's transfers use (NCCL with comm "nccl"; device memory with the CUDA
+  // backend), for the program's own jobs' traffic beside the ring (the LoRA layer's parameters).
+  // Its steps interleave with the ring's: every rank must post the same sequence of them.
+  comm::Communicator& communicator();
   // Sends `bytes` from every rank; recv gets them in rank order (host memory; for unsharding).
   void allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank);
 

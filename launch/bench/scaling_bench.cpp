@@ -20,6 +20,7 @@
 #include "launch/options_util.hpp"
 #include "launch/bench/scaling_report.hpp"
 #include "launch/statistics.hpp"
+#include "runtime/api/arguments.hpp"
 #include "runtime/check.hpp"
 #include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
@@ -213,7 +214,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
       comm, context_options(b.execution, b.opt, b.threads, b.opt.emulate_intra_bandwidth, b.opt.emulate_intra_latency));
   AttentionBackend* backend = &api->backend();
   const Shard shard{B, rows, H, Hkv, D, b.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
-  const AttentionSpec spec = attention_spec(mask, b.layout, b.schedule, dims.scale, ulysses);
+  const AttentionSpec spec = api::attention_spec(mask, b.layout, b.schedule, dims.scale, ulysses);
   auto random_input = [&](RandomTensor t, int64_t heads) {
     std::vector<float> x(static_cast<size_t>(B * rows * heads * D));
     random_rows(x.data(), b.opt.seed, t, B, L, heads * D, pos.data(), rows);

@@ -23,6 +23,11 @@ LayoutKind layout_kind(const AttentionSpec& spec);
 Mask build_mask(const AttentionSpec& spec, int64_t seq_len);
 RingOptions ring_options(const Shard& shard, const AttentionSpec& spec);
 
+// The spec of an attention as the program's jobs hold it (a built Mask, BigBird's block mask
+// generated, the layout resolved): what build_mask, layout_kind and ring_options turn back into it.
+AttentionSpec attention_spec(const Mask& mask, LayoutKind layout, Schedule schedule, double softmax_scale,
+                             int ulysses);
+
 // Everything a plan depends on but the block mask's bytes (their hash stands in): the shape,
 // sequence length, mask, layout, schedule and scale.
 std::string plan_key(const Shard& shard, const AttentionSpec& spec, int64_t seq_len);

@@ -173,6 +173,7 @@ int Context::rank() const { return impl_->mpi->rank(); }
 int Context::size() const { return impl_->mpi->size(); }
 const ContextOptions& Context::options() const { return impl_->options; }
 AttentionBackend& Context::backend() { return *impl_->backend; }
+comm::Communicator& Context::communicator() { return *impl_->ring_comm; }
 size_t Context::cached_plans() const { return impl_->plans.size(); }
 void Context::set_step_callback(std::function<void(int, int)> on_step) { impl_->on_step = std::move(on_step); }
 void Context::set_cuda_stream(void* stream) {

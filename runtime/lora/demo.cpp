@@ -20,7 +20,7 @@ std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, 
   const LayerConfig& config = student.config();
   for (bool on : config.lora)
     if (!on) throw std::invalid_argument("run_lora_demo: the student needs LoRA factors on every projection");
-  LoraLayer teacher(comm, config, student.layout(), student.mask());
+  LoraLayer teacher(student.context(), config, student.layout(), student.mask());
   const float s = config.scaling();
   for (int p = 0; p < kProjections; ++p) {
     const ProjectionShape& shape = config.shape(p);
@@ -38,14 +38,17 @@ std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, 
   const std::vector<int64_t>& pos = student.positions();
   const size_t n = student.activation_elements();
   std::vector<float> x(n), target(n), y;
+  MirroredFloats x_in(student.backend(), x), target_out(student.backend(), target);
   std::vector<double> losses;
   for (int step = 1; step <= options.steps; ++step) {
     // A fresh sequence per step, the same on any number of ranks.
     random_rows(x.data(), options.seed + uint64_t(step), RandomTensor::x, config.batch, config.seq_len, config.d_model,
                 pos.data(), student.rows());
-    teacher.forward(x.data(), target.data());
-    const double loss =
-        train_step(comm, student, optimizer, x.data(), LossKind::mse, target.data(), y, forward_stats, backward_stats);
+    x_in.upload();
+    teacher.forward(x_in.data(), target_out.data());
+    target_out.download();
+    const double loss = train_step(comm, student, optimizer, x_in.data(), LossKind::mse, target.data(), y,
+                                   forward_stats, backward_stats);
     losses.push_back(loss);
     if (on_step) on_step(step, loss);
   }

@@ -22,32 +22,48 @@
 //                                            and the next one arriving
 //
 // A pass walks the projections in order (forward q, k, v, o; backward o, v, k, q). Each is
-// gathered just before use (ProjectionGather: point-to-point, posted before the compute of the
-// previous projection so the transfer overlaps it) and its buffer is reused two projections
-// later; both buffers are freed when the pass ends. Peak parameter memory per rank is therefore
-// (4 d^2 + LoRA) / P for the slices plus two gathered projections. After backward, the full
-// local dA, dB of every projection are reduce-scattered in one collective, so each rank ends
+// gathered just before use (ProjectionGather: one communicator step, posted before the compute of
+// the previous projection so the transfer overlaps it) into one of two buffers, each reused two
+// projections later; both are freed when the pass ends. Peak parameter memory per rank is
+// therefore (4 d^2 + LoRA) / P for the slices plus two gathered projections. After backward, the
+// full local dA, dB of every projection are reduce-scattered in one collective, so each rank ends
 // holding the full-sequence gradient of exactly the slices it owns.
 //
-// The attention runs on the CPU backend through RingAttention; the projections are OpenBLAS
-// sgemm calls on the host.
+// Where it runs. The attention goes through the library's API (ringattn::Context forward and
+// backward: the plan the context caches for this shape, the ring or the Ulysses hybrid); the
+// layer's tensors live in the context backend's memory, and the rest of the arithmetic runs on
+// LayerOps (layer_ops.hpp) there: OpenBLAS and loops on the CPU, cuBLAS and small kernels on a
+// GPU. The gathers and the reduce-scatter use the context's communicator: MPI, or with the CUDA
+// backend NCCL (--comm nccl; equal-size blocks, so ncclReduceScatter) or MPI through host memory.
+// The parameters' master copy (ShardedProjection, what the files load and the optimizer updates)
+// is fp32 in host memory; a mirror of this rank's slices in the backend's memory (in the GEMMs'
+// type) is refreshed before each forward pass for the parts that changed (backward uses what its
+// forward used).
+//
+// Precision. With --dtype fp32 every GEMM is fp32. With --dtype bf16 the ring stores Q, K, V and
+// dO as bf16 and every GEMM takes bf16 operands (X, the gathered weights, O, x A^T and the
+// gradients it multiplies) with fp32 products and sums (cublasGemmEx on a GPU; on the CPU the
+// operands rounded to bf16, then sgemm, which is the same arithmetic); outputs, biases, RoPE and
+// gradients stay fp32.
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "kernels/mask/mask.hpp"
+#include "ringattn/ringattn.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/lora/layer_ops.hpp"
 #include "runtime/lora/projection.hpp"
 #include "runtime/lora/rope.hpp"
-#include "kernels/mask/mask.hpp"
-#include "runtime/ring_attention.hpp"
-#include "runtime/ulysses_attention.hpp"
+#include "runtime/ring_plan.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
@@ -68,7 +84,7 @@ struct LayerConfig {
   std::array<bool, kProjections> lora{};  // which projections carry LoRA factors
   std::array<bool, kProjections> bias{};  // which projections have a (frozen) bias
   RopeConfig rope;                        // rotary embeddings of q and k (off by default)
-  DType dtype = DType::f32;               // of Q, K, V, dO in the ring (projections are fp32)
+  DType dtype = DType::f32;               // of Q, K, V, dO in the ring and of the GEMMs' operands
   Schedule schedule = Schedule::direct;
   int threads = 1;
 
@@ -78,9 +94,10 @@ struct LayerConfig {
     return float(lora_alpha / (rslora ? std::sqrt(double(lora_rank)) : double(lora_rank)));
   }
   ProjectionShape shape(int p) const;
-  // Checks the arithmetic of the shape (d_model divisible by heads, Hkv dividing H, a head dim
-  // the kernels support, r >= 0, the rotary dims); throws UsageError naming the option.
-  void validate() const;
+  // Checks the arithmetic of the shape (d_model divisible by heads, Hkv dividing H, r >= 0, the
+  // rotary dims, and with cpu_kernels a head dim the CPU kernels support: the CUDA kernels' are
+  // checked by the API); throws UsageError naming the option.
+  void validate(bool cpu_kernels = true) const;
 };
 
 // Where one pass of the layer spent its time on this rank.
@@ -90,76 +107,95 @@ struct LayerPassStats {
   double attention_seconds = 0.0;    // in the ring (its own waits included)
   double gather_wait_seconds = 0.0;  // blocked waiting for parameter gathers: the exposed part
   double reduce_seconds = 0.0;       // backward: the gradient reduce-scatter
-  PassStats attention;
+  RingStats attention;               // the API's account of the attention
 };
 
 class LoraLayer {
  public:
-  // Collective over `comm` (it splits off a communicator for the parameter traffic). The
-  // parameters start at zero: fill them through projection(p).
-  LoraLayer(comm::Communicator& comm, const LayerConfig& config, const ShardLayout& layout, const Mask& mask);
+  // Collective over the context's ranks (it agrees on the attention's shape with them, which
+  // builds the context's plan for it now). `attention` computes the attention and lends its
+  // backend (the memory of every tensor the layer takes or keeps) and its communicator (the
+  // parameter traffic); it must outlive the layer. The parameters start at zero: fill them through
+  // projection(p).
+  LoraLayer(Context& attention, const LayerConfig& config, const ShardLayout& layout, const Mask& mask);
   LoraLayer(const LoraLayer&) = delete;
   LoraLayer& operator=(const LoraLayer&) = delete;
 
   const LayerConfig& config() const { return config_; }
   const ShardLayout& layout() const { return layout_; }
   const Mask& mask() const { return mask_; }
-  const std::vector<int64_t>& positions() const { return ring_.positions(); }
-  int64_t rows() const { return ring_.rows(); }
+  Context& context() { return attention_; }
+  // The memory of x, y, dy and dx: the backend's (host memory on the CPU, the GPU's with CUDA).
+  AttentionBackend& backend() { return backend_; }
+  const std::vector<int64_t>& positions() const { return positions_; }
+  int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
   // Elements of this rank's X (or Y): (batch, rows, d_model).
   size_t activation_elements() const { return static_cast<size_t>(config_.batch * rows() * config_.d_model); }
 
   ShardedProjection& projection(int p) { return projections_[static_cast<size_t>(p)]; }
   const ShardedProjection& projection(int p) const { return projections_[static_cast<size_t>(p)]; }
 
-  // x (B, rows, d_model) -> y (B, rows, d_model); keeps what backward needs. Collective.
+  // x (B, rows, d_model) -> y (B, rows, d_model), both in backend(); keeps what backward needs.
+  // Collective.
   LayerPassStats forward(const float* x, float* y);
   // After forward on the same x: given dy, computes the LoRA gradients (lora_grad) and dx
-  // (B, rows, d_model; skipped when null). Collective.
+  // (B, rows, d_model; skipped when null), all in backend(). Collective.
   LayerPassStats backward(const float* x, const float* dy, float* dx);
-  // This rank's slice of a projection's gradient, laid out as projection(p).lora(): the sum over
-  // every rank's rows and the batch. Empty for a projection without LoRA.
+  // This rank's slice of a projection's gradient, laid out as projection(p).lora(), in host
+  // memory: the sum over every rank's rows and the batch. Empty for a projection without LoRA.
   std::span<const float> lora_grad(int p) const { return grads_[static_cast<size_t>(p)]; }
 
-  // This rank's rows of the merged weight W0 + (alpha / r) B A, (rows, in). Collective (gathers A).
+  // This rank's rows of the merged weight W0 + (alpha / r) B A, (rows, in), on the host.
+  // Collective (gathers A).
   std::vector<float> merged_rows(int p);
 
-  // Parameter memory: the slices this rank holds between passes, the whole layer's parameters
-  // (what one rank would hold unsharded), and the most gathered-parameter bytes held at once.
+  // Parameter memory: the slices this rank holds between passes (the master copy; the mirror in
+  // backend memory adds as much again with fp32 on a GPU), the whole layer's parameters (what one
+  // rank would hold unsharded), and the most gathered-parameter bytes held at once.
   size_t shard_bytes() const;
   size_t full_parameter_bytes() const;
   size_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   size_t gathered_bytes() const;  // held now: 0 between passes
   // Multiply-adds of this rank's projections in one forward, times 2 (FLOPs).
   double projection_flops_forward() const;
-  const UlyssesAttention& attention() const { return ring_; }
 
  private:
   // Runs the four projections in `order`, each gathered just before use with the next one's
   // gather overlapping it; use(p, gathered) does the compute.
   void run_projections(const std::array<int, kProjections>& order, LayerPassStats& stats,
                        const std::function<void(int, const GatheredProjection&)>& use);
-  void reduce_scatter_gradients(std::vector<std::vector<float>>& full);
-  std::function<void()> progress();
+  void reduce_scatter_gradients(const float* full);
+  // x (n floats in backend memory) as a GEMM operand: itself for fp32, rounded into `storage` for
+  // bf16, which operand_buffer(n) allocated (before the pass posts any transfer: allocating with
+  // transfers in flight could wait on them).
+  const void* operand(const float* x, size_t n, const DeviceBuffer& storage);
+  DeviceBuffer operand_buffer(int64_t n);
+  DeviceBuffer buffer(size_t bytes) { return DeviceBuffer(backend_, bytes); }
+  int64_t heads_of(int p) const { return p == kQuery ? config_.heads : config_.kv_heads; }
 
-  comm::Communicator& comm_;
-  std::unique_ptr<comm::Communicator> params_comm_;  // parameter gathers and gradient reductions
+  Context& attention_;
+  AttentionBackend& backend_;
+  comm::Communicator& comm_;  // the context's: parameter gathers and gradient reductions
   LayerConfig config_;
   ShardLayout layout_;
   Mask mask_;
-  std::unique_ptr<AttentionBackend> backend_;
-  UlyssesAttention ring_;  // the ring, with --ulysses the hybrid (layout.ulysses())
+  AttentionSpec spec_;  // the attention as the API takes it: mask, layout, schedule, --ulysses
+  Shard shard_;
+  std::vector<int64_t> positions_;
+  std::unique_ptr<LayerOps> ops_;
   std::vector<ShardedProjection> projections_;
-  std::array<GatheredProjection, 2> gathered_;
+  std::array<SliceMirror, kProjections> mirrors_;
+  std::array<DeviceBuffer, 2> slots_;  // the gathered projections of a pass
   std::array<ProjectionGather, 2> gathers_;
   size_t peak_gathered_bytes_ = 0;
 
-  // Activations of the last forward: Q, K, V as the ring stores them (dtype), O and LSE fp32,
-  // and u = x A^T of each projection.
-  std::vector<uint8_t> q_, k_, v_;
-  std::vector<float> o_, lse_;
-  std::array<std::vector<float>, kProjections> u_;
-  RopeTable rope_;  // cos / sin of this rank's rows
+  // Activations of the last forward, in backend memory: Q, K, V as the ring stores them (dtype),
+  // O and LSE fp32, O as a GEMM operand (bf16 only), and u = x A^T of each projection (operand).
+  DeviceBuffer q_, k_, v_, o_, lse_, o_operand_;
+  std::array<DeviceBuffer, kProjections> u_;
+  RopeTable rope_;                 // cos / sin of this rank's rows (host)
+  DeviceBuffer rope_angles_;       // their copy in backend memory, when that is not the host's
+  kernels::RotaryTable rotary_{};  // the table as ops_ reads it
   bool have_forward_ = false;
   std::array<std::vector<float>, kProjections> grads_;
 };

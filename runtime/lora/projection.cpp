@@ -1,7 +1,5 @@
 #include "runtime/lora/projection.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,21 +9,6 @@
 #include "runtime/random_inputs.hpp"
 
 namespace ringattn {
-
-namespace {
-
-// Rows per GEMM call between progress() calls: large enough that BLAS runs at speed, small
-// enough that a gather in flight is served every few hundred microseconds.
-constexpr int64_t kRowBlock = 256;
-
-void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha,
-              a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
-
-}  // namespace
 
 RowRange even_chunk(int64_t n, int parts, int part) {
   const int64_t base = n / parts, extra = n % parts;
@@ -83,107 +66,160 @@ void ShardedProjection::for_each_owned(ProjectionPart part,
 }
 
 void ShardedProjection::fill(ProjectionPart part, const std::function<float(int64_t, int64_t)>& value) {
+  ++versions_[version_index(part)];
   float* dst = part == ProjectionPart::w0 ? w0_.data() : part == ProjectionPart::bias ? bias_.data() : lora_.data();
   for_each_owned(part, [&](int64_t i, int64_t j, size_t index) { dst[index] = value(i, j); });
 }
 
-void GatheredProjection::release() {
-  std::vector<float>().swap(w0);
-  std::vector<float>().swap(bias);
-  std::vector<float>().swap(a_t);
-  std::vector<float>().swap(b);
+namespace {
+
+// Parts of a projection in one buffer start at multiples of this (what cudaMalloc gives a buffer,
+// and more than any GEMM or copy needs).
+constexpr size_t kPartAlignment = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kPartAlignment - 1) / kPartAlignment * kPartAlignment; }
+
+// Bytes of the four parts (W0, A^T, B in `type`; bias in fp32) of `rows` rows of W0 and B and
+// `cols` rows of A^T.
+struct PartBytes {
+  size_t w0, a_t, b, bias;
+  size_t total() const { return aligned(w0) + aligned(a_t) + aligned(b) + aligned(bias); }
+};
+PartBytes part_bytes(const ProjectionShape& s, int64_t rows, int64_t cols, bool bias, DType type) {
+  const size_t e = static_cast<size_t>(dtype_bytes(type));
+  return PartBytes{e * static_cast<size_t>(rows * s.in), e * static_cast<size_t>(cols * s.rank),
+                   e * static_cast<size_t>(rows * s.rank), bias ? sizeof(float) * static_cast<size_t>(rows) : 0};
 }
 
-void ProjectionGather::start(comm::Communicator& comm, const ShardedProjection& p, GatheredProjection& dst, int tag) {
+// Where the parts start in a buffer laid out by part_bytes.
+std::array<char*, 4> part_starts(void* memory, const PartBytes& b) {
+  char* w0 = static_cast<char*>(memory);
+  char* a_t = w0 + aligned(b.w0);
+  char* bb = a_t + aligned(b.a_t);
+  char* bias = bb + aligned(b.b);
+  return {w0, a_t, bb, bias};
+}
+
+// fp32 values in the GEMM type, in host memory (a plain view for fp32).
+const void* host_operand(std::span<const float> x, DType type, std::vector<bf16_bits>& storage) {
+  if (type == DType::f32) return x.data();
+  storage.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) storage[i] = float_to_bf16(x[i]);
+  return storage.data();
+}
+
+}  // namespace
+
+size_t GatheredProjection::bytes(const ProjectionShape& s, DType type) {
+  return part_bytes(s, s.out, s.in, s.bias, type).total();
+}
+
+GatheredProjection GatheredProjection::at(void* memory, const ProjectionShape& s, DType type) {
+  const PartBytes b = part_bytes(s, s.out, s.in, s.bias, type);
+  const std::array<char*, 4> at = part_starts(memory, b);
+  return GatheredProjection{s, type, at[0], at[1], at[2], s.bias ? reinterpret_cast<float*>(at[3]) : nullptr};
+}
+
+void SliceMirror::refresh(const ShardedProjection& p, AttentionBackend& backend, DType type) {
+  const ProjectionShape& s = p.shape();
+  const std::span<const float> w0 = p.w0(), lora = p.lora(), bias = p.bias();
+  if (backend.memory() == comm::MemorySpace::host && type == DType::f32) {  // the host copy itself
+    slices_ = ProjectionSlices{w0.data(), p.lora_a_t().data(), p.lora_b().data(), s.bias ? bias.data() : nullptr};
+    return;
+  }
+  const RowRange rows = p.rows(), cols = p.cols();
+  const PartBytes b = part_bytes(s, rows.end - rows.begin, cols.end - cols.begin, s.bias, type);
+  if (!storage_.data() && b.total() > 0) storage_ = DeviceBuffer(backend, b.total());
+  const std::array<char*, 4> at = part_starts(storage_.data(), b);
+  slices_ = ProjectionSlices{at[0], at[1], at[2], s.bias ? reinterpret_cast<const float*>(at[3]) : nullptr};
+  std::vector<bf16_bits> staging;
+  auto upload = [&](void* to, const void* from, size_t bytes) {
+    if (bytes) backend.upload(to, from, bytes);
+  };
+  auto bring = [&](ProjectionPart part, size_t index, auto copy) {
+    if (copied_ && versions_[index] == p.version(part)) return;
+    copy();
+    versions_[index] = p.version(part);
+  };
+  bring(ProjectionPart::w0, 0, [&] { upload(at[0], host_operand(w0, type, staging), b.w0); });
+  bring(ProjectionPart::lora_a, 1, [&] {  // A^T rows then B rows: lora()'s layout
+    const char* from = static_cast<const char*>(host_operand(lora, type, staging));
+    upload(at[1], from, b.a_t);
+    upload(at[2], from + b.a_t, b.b);
+  });
+  bring(ProjectionPart::bias, 2, [&] { upload(at[3], bias.data(), b.bias); });
+  copied_ = true;
+}
+
+void ProjectionGather::start(comm::Communicator& comm, LayerOps& ops, const ShardedProjection& p,
+                             const ProjectionSlices& mine, const GatheredProjection& dst) {
   const ProjectionShape& s = p.shape();
   const int P = comm.size(), me = comm.rank();
+  const size_t e = static_cast<size_t>(dtype_bytes(dst.type));
   constexpr int kParts = 4;  // W0, A^T, B, bias
-  dst.shape = s;
-  dst.w0.resize(static_cast<size_t>(s.out * s.in));
-  dst.bias.resize(static_cast<size_t>(s.bias ? s.out : 0));
-  dst.a_t.resize(static_cast<size_t>(s.in * s.rank));
-  dst.b.resize(static_cast<size_t>(s.out * s.rank));
-  // Where rank q's slices go in the gathered tensors, and how long they are.
+  // Where rank q's slices go in the gathered tensors, and how many bytes they are.
   struct Piece {
-    float* at;
-    size_t elements;
+    char* at;
+    size_t bytes;
   };
   auto pieces = [&](int q) {
     const RowRange r = p.rows(q), c = p.cols(q);
+    const size_t rows = static_cast<size_t>(r.end - r.begin);
     return std::array<Piece, kParts>{
-        Piece{dst.w0.data() + r.begin * s.in, static_cast<size_t>((r.end - r.begin) * s.in)},
-        Piece{dst.a_t.data() + c.begin * s.rank, p.a_elements(q)}, Piece{dst.b.data() + r.begin * s.rank, p.b_elements(q)},
-        Piece{dst.bias.data() + (s.bias ? r.begin : 0), static_cast<size_t>(s.bias ? r.end - r.begin : 0)}};
+        Piece{static_cast<char*>(dst.w0) + e * static_cast<size_t>(r.begin * s.in), e * rows * size_t(s.in)},
+        Piece{static_cast<char*>(dst.a_t) + e * static_cast<size_t>(c.begin * s.rank), e * p.a_elements(q)},
+        Piece{static_cast<char*>(dst.b) + e * static_cast<size_t>(r.begin * s.rank), e * p.b_elements(q)},
+        Piece{s.bias ? reinterpret_cast<char*>(dst.bias + r.begin) : nullptr, s.bias ? sizeof(float) * rows : 0}};
   };
-  const std::array<const float*, kParts> mine = {p.w0().data(), p.lora_a_t().data(), p.lora_b().data(),
-                                                 p.bias().data()};
+  const std::array<const void*, kParts> from = {mine.w0, mine.a_t, mine.b, mine.bias};
   const std::array<Piece, kParts> own = pieces(me);
-  for (int part = 0; part < kParts; ++part)
-    if (own[part].elements) std::memcpy(own[part].at, mine[part], own[part].elements * sizeof(float));
+  for (int part = 0; part < kParts; ++part) ops.copy(own[part].at, from[part], own[part].bytes);
+  // Sends to and receives from each peer in part order: within a step, transfers between one
+  // pair match in the order listed.
+  std::vector<comm::StepTransfer> transfers;
   for (int step = 1; step < P; ++step) {
-    const int to = (me + step) % P, from = (me - step + P) % P;
-    const std::array<Piece, kParts> theirs = pieces(from);
+    const int to = (me + step) % P, from_rank = (me - step + P) % P;
+    const std::array<Piece, kParts> theirs = pieces(from_rank);
     for (int part = 0; part < kParts; ++part) {
-      const int part_tag = tag * kParts + part;
-      if (theirs[part].elements)
-        requests_.push_back(comm.irecv(theirs[part].at, theirs[part].elements * sizeof(float), from, part_tag));
-      if (own[part].elements)
-        requests_.push_back(comm.isend(mine[part], own[part].elements * sizeof(float), to, part_tag));
+      if (theirs[part].bytes)
+        transfers.push_back(comm::StepTransfer::recv(theirs[part].at, theirs[part].bytes, from_rank));
+      if (own[part].bytes) transfers.push_back(comm::StepTransfer::send(from[part], own[part].bytes, to));
     }
   }
+  step_ = comm.post_step(transfers);
 }
 
 double ProjectionGather::finish(comm::Communicator& comm, const std::string& what) {
   const comm::Stopwatch blocked;
-  for (comm::Request& r : requests_) comm.wait(r, what);
-  requests_.clear();
+  comm.wait_step(step_, what);
   return blocked.seconds();
 }
 
-void projection_forward(const GatheredProjection& w, float scaling, const float* x, int64_t n, float* y, float* u,
-                        const std::function<void()>& progress) {
+void projection_forward(LayerOps& ops, const GatheredProjection& w, float scaling, const void* x, int64_t n, float* y,
+                        float* u, void* u_op) {
   const ProjectionShape& s = w.shape;
-  for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
-    const int64_t m = std::min(kRowBlock, n - r0);
-    const float* xb = x + r0 * s.in;
-    float* yb = y + r0 * s.out;
-    sgemm(CblasNoTrans, CblasTrans, m, s.out, s.in, 1.0f, xb, s.in, w.w0.data(), s.in, 0.0f, yb, s.out);
-    if (!w.bias.empty())
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < s.out; ++j) yb[i * s.out + j] += w.bias[size_t(j)];
-    if (s.has_lora()) {
-      float* ub = u + r0 * s.rank;
-      sgemm(CblasNoTrans, CblasNoTrans, m, s.rank, s.in, 1.0f, xb, s.in, w.a_t.data(), s.rank, 0.0f, ub, s.rank);
-      sgemm(CblasNoTrans, CblasTrans, m, s.out, s.rank, scaling, ub, s.rank, w.b.data(), s.rank, 1.0f, yb, s.out);
-    }
-    if (progress) progress();
-  }
+  ops.gemm(Op::n, Op::t, n, s.out, s.in, 1.0f, x, s.in, w.w0, s.in, w.type, 0.0f, y, s.out);
+  if (w.bias) ops.add_bias(y, w.bias, n, s.out);
+  if (!s.has_lora()) return;
+  ops.gemm(Op::n, Op::n, n, s.rank, s.in, 1.0f, x, s.in, w.a_t, s.rank, w.type, 0.0f, u, s.rank);
+  if (w.type == DType::bf16) ops.round_to_bf16(static_cast<bf16_bits*>(u_op), u, static_cast<size_t>(n * s.rank));
+  ops.gemm(Op::n, Op::t, n, s.out, s.rank, scaling, u_op, s.rank, w.b, s.rank, w.type, 1.0f, y, s.out);
 }
 
-void projection_backward(const GatheredProjection& w, float scaling, const float* x, const float* u, const float* dy,
-                         int64_t n, float* dx, bool accumulate_dx, float* grad_a_t, float* grad_b,
-                         const std::function<void()>& progress) {
+void projection_backward(LayerOps& ops, const GatheredProjection& w, float scaling, const void* x, const void* u_op,
+                         const void* dy_op, int64_t n, float* dx, bool accumulate_dx, float* grad_a_t, float* grad_b,
+                         float* du, void* du_op) {
   const ProjectionShape& s = w.shape;
-  std::vector<float> du;
   if (s.has_lora()) {
-    du.resize(static_cast<size_t>(n * s.rank));
-    sgemm(CblasNoTrans, CblasNoTrans, n, s.rank, s.out, scaling, dy, s.out, w.b.data(), s.rank, 0.0f, du.data(),
-          s.rank);
-    sgemm(CblasTrans, CblasNoTrans, s.out, s.rank, n, scaling, dy, s.out, u, s.rank, 1.0f, grad_b, s.rank);
-    sgemm(CblasTrans, CblasNoTrans, s.in, s.rank, n, 1.0f, x, s.in, du.data(), s.rank, 1.0f, grad_a_t, s.rank);
-    if (progress) progress();
+    ops.gemm(Op::n, Op::n, n, s.rank, s.out, scaling, dy_op, s.out, w.b, s.rank, w.type, 0.0f, du, s.rank);
+    if (w.type == DType::bf16) ops.round_to_bf16(static_cast<bf16_bits*>(du_op), du, static_cast<size_t>(n * s.rank));
+    ops.gemm(Op::t, Op::n, s.out, s.rank, n, scaling, dy_op, s.out, u_op, s.rank, w.type, 1.0f, grad_b, s.rank);
+    ops.gemm(Op::t, Op::n, s.in, s.rank, n, 1.0f, x, s.in, du_op, s.rank, w.type, 1.0f, grad_a_t, s.rank);
   }
   if (!dx) return;
-  for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
-    const int64_t m = std::min(kRowBlock, n - r0);
-    float* dxb = dx + r0 * s.in;
-    sgemm(CblasNoTrans, CblasNoTrans, m, s.in, s.out, 1.0f, dy + r0 * s.out, s.out, w.w0.data(), s.in,
-          accumulate_dx ? 1.0f : 0.0f, dxb, s.in);
-    if (s.has_lora())
-      sgemm(CblasNoTrans, CblasTrans, m, s.in, s.rank, 1.0f, du.data() + r0 * s.rank, s.rank, w.a_t.data(), s.rank,
-            1.0f, dxb, s.in);
-    if (progress) progress();
-  }
+  ops.gemm(Op::n, Op::n, n, s.in, s.out, 1.0f, dy_op, s.out, w.w0, s.in, w.type, accumulate_dx ? 1.0f : 0.0f, dx, s.in);
+  if (s.has_lora())
+    ops.gemm(Op::n, Op::t, n, s.in, s.rank, 1.0f, du_op, s.rank, w.a_t, s.rank, w.type, 1.0f, dx, s.in);
 }
 
 void fill_normal(ShardedProjection& p, ProjectionPart part, uint64_t seed, uint64_t stream, float scale) {
@@ -201,11 +237,9 @@ std::vector<float> merge_rows(const ShardedProjection& p, std::span<const float>
   std::vector<float> out(p.w0().begin(), p.w0().end());
   const int64_t rows = p.rows().end - p.rows().begin;
   if (s.has_lora())
-    sgemm(CblasNoTrans, CblasTrans, rows, s.in, s.rank, scaling, p.lora_b().data(), s.rank, a_t.data(), s.rank, 1.0f,
-          out.data(), s.in);
+    host_sgemm(Op::n, Op::t, rows, s.in, s.rank, scaling, p.lora_b().data(), s.rank, a_t.data(), s.rank, 1.0f,
+               out.data(), s.in);
   return out;
 }
-
-void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
 }  // namespace ringattn

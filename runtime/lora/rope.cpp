@@ -75,25 +75,14 @@ RopeTable::RopeTable(const RopeConfig& rope, int64_t head_dim, std::span<const i
     }
 }
 
-void RopeTable::apply(float* x, int64_t batch, int64_t heads, bool inverse) const {
-  if (!enabled()) return;
+void rotate_rows(const kernels::RotaryTable& table, float* x, int64_t batch, int64_t heads, bool inverse) {
+  if (table.planes == 0) return;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t r = 0; r < rows_; ++r) {
-      const float* c = &cos_[size_t(r * planes_)];
-      const float* s = &sin_[size_t(r * planes_)];
-      float* row = x + (b * rows_ + r) * heads * head_dim_;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = row + h * head_dim_;
-        for (int64_t i = 0; i < planes_; ++i) {
-          // Plane i's two coordinates.
-          const int64_t first = interleaved_ ? 2 * i : i;
-          const int64_t second = interleaved_ ? 2 * i + 1 : i + planes_;
-          const float a = v[first], e = v[second], sn = sign * s[i];
-          v[first] = a * c[i] - e * sn;
-          v[second] = e * c[i] + a * sn;
-        }
-      }
+    for (int64_t r = 0; r < table.rows; ++r) {
+      float* row = x + (b * table.rows + r) * heads * table.head_dim;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < table.planes; ++i) kernels::rotate_plane(table, r, row + h * table.head_dim, i, sign);
     }
 }
 

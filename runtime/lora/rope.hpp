@@ -17,6 +17,8 @@
 #include <span>
 #include <vector>
 
+#include "kernels/rotary.hpp"
+
 namespace ringattn {
 
 struct RopeConfig {
@@ -42,6 +44,10 @@ std::vector<double> rope_inverse_frequencies(const RopeConfig& rope, int64_t hea
 std::vector<int64_t> rope_positions(std::span<const int64_t> global, std::span<const int64_t> doc_offsets,
                                     bool per_document);
 
+// Rotates x (batch, table.rows, heads, head_dim), in host memory, in place by the table's angles;
+// inverse = by the opposite angles (backward).
+void rotate_rows(const kernels::RotaryTable& table, float* x, int64_t batch, int64_t heads, bool inverse);
+
 // cos and sin of every (row, plane) of this rank's rows, and the rotation applied to activations
 // laid out (batch, rows, heads, D).
 class RopeTable {
@@ -51,7 +57,15 @@ class RopeTable {
 
   bool enabled() const { return planes_ > 0; }
   // Rotates x (batch, rows, heads, D) in place; inverse = by the opposite angles (backward).
-  void apply(float* x, int64_t batch, int64_t heads, bool inverse) const;
+  void apply(float* x, int64_t batch, int64_t heads, bool inverse) const {
+    rotate_rows(table(), x, batch, heads, inverse);
+  }
+  // The angles, in host memory; `cos`/`sin` replaced by device copies of cos() and sin() serve a GPU.
+  kernels::RotaryTable table() const {
+    return kernels::RotaryTable{cos_.data(), sin_.data(), rows_, planes_, head_dim_, interleaved_};
+  }
+  std::span<const float> cos() const { return cos_; }
+  std::span<const float> sin() const { return sin_; }
 
  private:
   int64_t head_dim_ = 0, planes_ = 0, rows_ = 0;

@@ -84,19 +84,22 @@ double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& opt
                   LayerPassStats* backward_stats) {
   const size_t n = layer.activation_elements();
   y.resize(n);
-  const LayerPassStats f = layer.forward(x, y.data());
+  MirroredFloats y_out(layer.backend(), y);
+  const LayerPassStats f = layer.forward(x, y_out.data());
+  y_out.download();
   double value = 0.0;
-  const float* dy = reference;
-  std::vector<float> grad;
+  std::vector<float> dy;
   if (loss == LossKind::mse) {
     const LayerConfig& c = layer.config();
-    grad.resize(n);
-    value = mse_loss(comm, y.data(), reference, n, double(c.batch * c.seq_len * c.d_model), grad.data());
-    dy = grad.data();
+    dy.resize(n);
+    value = mse_loss(comm, y.data(), reference, n, double(c.batch * c.seq_len * c.d_model), dy.data());
   } else {
     value = linear_loss(comm, y.data(), reference, n);
+    dy.assign(reference, reference + n);
   }
-  const LayerPassStats b = layer.backward(x, dy, nullptr);
+  MirroredFloats dy_in(layer.backend(), dy);
+  dy_in.upload();
+  const LayerPassStats b = layer.backward(x, dy_in.data(), nullptr);
   optimizer.step();
   if (forward_stats) *forward_stats = f;
   if (backward_stats) *backward_stats = b;

@@ -53,9 +53,9 @@ double linear_loss(comm::Communicator& comm, const float* y, const float* g, siz
 
 enum class LossKind { mse, linear };
 
-// One training step: forward, the loss against `reference` (the target for mse, g for linear),
-// backward without dX, optimizer update. Returns the loss before the update; y receives the
-// layer's output before the update.
+// One training step: forward, the loss against `reference` (the target for mse, g for linear; host
+// memory), backward without dX, optimizer update. x is in the layer's memory (layer.backend()).
+// Returns the loss before the update; y (host) receives the layer's output before the update.
 double train_step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, const float* x, LossKind loss,
                   const float* reference, std::vector<float>& y, LayerPassStats* forward_stats = nullptr,
                   LayerPassStats* backward_stats = nullptr);

@@ -7,7 +7,11 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
               fp32 and bf16, over --comm nccl; and over --comm mpi (host-staged) with 2 ranks
               sharing one emulated GPU; `ringattn bench` (a context per point) with --ulysses 1,2
               over NCCL and host-staged
-  layer       the LoRA layer at P = 2 (its attention runs on the CPU backend)
+  layer       the LoRA layer at P = 2 on --backend cuda --comm nccl (cuBLAS GEMMs served by the CPU
+              GEMM, RoPE/bias kernels on the emulated GPU, NCCL parameter gathers and gradient
+              reduce-scatter): --check against the CPU backend in fp32 (Y, dX, the LoRA gradients)
+              with RoPE and biases, fp32 and bf16; training with --steps gives the CPU's losses
+              and output; the host-staged --comm mpi path; the demo
   faults      a rank stopped (SIGSTOP) mid-backward: exit 4 within the timeout, the error names
               the rank and the step, and teardown does not hang; more ranks than GPUs on a node
               with --comm nccl: a usage error naming both counts
@@ -15,11 +19,18 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
 Sizes are tiny: emulated kernels run threads as fibers on one core.
 """
 import argparse
+import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from cli_test import load, save, uniform  # noqa: E402  (.npy files without NumPy)
 
 SMALL = ["--heads", "2", "--head-dim", "16", "--check"]
 
@@ -64,6 +75,74 @@ def attention_cases():
     return cases
 
 
+def layer_files(w, batch=2, seq_len=67, d_model=64, heads=4, kv_heads=2, rank=4):
+    """Writes x, dy, t (batch, seq_len, d_model) and a folder W of a layer's weights (W0, biases and LoRA
+    factors of q, k, v, o) into w; returns the layer's arguments for them. (launch/gpu-check.sh
+    uses it too.)"""
+    D = d_model // heads
+    p = lambda name: os.path.join(w, name)
+    os.makedirs(p("W"))
+    for name, seed, scale in (("x", 1, 1.0), ("dy", 2, 1.0), ("t", 3, 0.5)):
+        save(p(name + ".npy"), (batch, seq_len, d_model), uniform(batch * seq_len * d_model, seed, scale))
+    shapes = {"q": (heads * D, d_model), "k": (kv_heads * D, d_model), "v": (kv_heads * D, d_model),
+              "o": (d_model, heads * D)}
+    for i, (proj, (out, inp)) in enumerate(shapes.items()):
+        save(p("W/w%s.npy" % proj), (out, inp), uniform(out * inp, 10 + i, 1.7 / math.sqrt(inp)))
+        save(p("W/b%s.npy" % proj), (out,), uniform(out, 20 + i, 0.5))
+        save(p("W/lora_%s_A.npy" % proj), (rank, inp), uniform(rank * inp, 30 + i, 1.7 / math.sqrt(inp)))
+        save(p("W/lora_%s_B.npy" % proj), (out, rank), uniform(out * rank, 40 + i, 0.5))
+    return ["--x", p("x.npy"), "--weights", p("W"), "--heads", str(heads), "--kv-heads", str(kv_heads),
+            "--lora-alpha", str(2 * rank)]
+
+
+def layer_cases(report):
+    w = tempfile.mkdtemp(prefix="ringattn_layer_")
+    try:
+        files = layer_files(w) + ["--threads", "1"]
+        p = lambda name: os.path.join(w, name)
+        nccl = ["--backend", "cuda", "--comm", "nccl"]
+        rope = ["--causal", "--rope-theta", "10000"]
+        checked = {
+            "fp32, RoPE and biases, zigzag": rope + ["--dtype", "fp32"],
+            "bf16 GEMMs and ring, interleaved partial RoPE, striped": rope + [
+                "--dtype", "bf16", "--rope-interleaved", "--rope-dims", "8", "--layout", "striped"],
+        }
+        for name, extra in checked.items():
+            args = ["layer"] + files + nccl + extra + ["--dy", p("dy.npy"), "--check"]
+            code, out, err, seconds = run(args, 2)
+            ok = code == 0 and "check     passed" in out and "backend cuda" in out and "comm nccl" in out
+            report("layer P=2 on cuda/nccl, %s: --check (Y, dX, dA/dB) against the CPU (%.1f s)" % (name, seconds),
+                   ok, " ".join(args) + "\n" + out + err)
+        # Ranks sharing one GPU: parameters and gradients over MPI through host memory.
+        args = ["layer"] + files + ["--backend", "cuda", "--comm", "mpi", "--causal", "--dy", p("dy.npy"), "--check"]
+        code, out, err, seconds = run(args, 2, {"RINGATTN_EMULATED_GPUS": "1"})
+        report("layer P=2 sharing one GPU (--comm mpi, host-staged): --check (%.1f s)" % seconds,
+               code == 0 and "check     passed" in out, " ".join(args) + "\n" + out + err)
+        # Training: the same losses and trained output as the CPU backend.
+        results = {}
+        for backend in ("cpu", "cuda"):
+            args = ["layer"] + files + rope + ["--backend", backend, "--target", p("t.npy"), "--steps", "3",
+                                               "--lr", "0.01", "--json", p(backend + ".json"), "--out",
+                                               p("y_" + backend + ".npy")]
+            if backend == "cuda":
+                args += ["--comm", "nccl"]
+            code, out, err, seconds = run(args, 2)
+            if code != 0:
+                report("layer P=2 training on %s (%.1f s)" % (backend, seconds), False,
+                       " ".join(args) + "\n" + out + err)
+                return
+            with open(p(backend + ".json")) as f:
+                results[backend] = (json.load(f)["losses"], load(p("y_" + backend + ".npy"))[1])
+        (cpu_losses, cpu_y), (cuda_losses, cuda_y) = results["cpu"], results["cuda"]
+        loss_err = max(abs(a - b) / abs(b) for a, b in zip(cuda_losses, cpu_losses))
+        y_err = max(abs(a - b) for a, b in zip(cuda_y, cpu_y)) / max(abs(b) for b in cpu_y)
+        report("layer P=2 --steps 3 on cuda/nccl: losses within %.1e and the trained Y within %.1e of the CPU's" %
+               (loss_err, y_err), len(cuda_losses) == 3 and loss_err < 1e-4 and y_err < 1e-4,
+               "cuda %s\ncpu  %s" % (cuda_losses, cpu_losses))
+    finally:
+        shutil.rmtree(w, ignore_errors=True)
+
+
 def main():
     failures = 0
 
@@ -88,9 +167,11 @@ def main():
             report("bench %s U=1,2 (%.1f s)" % (name, seconds), code == 0 and "# OK: every point matches" in out,
                    " ".join(args) + "\n" + out + err)
     elif ARGS.group == "layer":
+        layer_cases(report)
         code, out, err, seconds = run(["layer", "--demo", "--seq-len", "64", "--heads", "2", "--d-model", "32",
-                                       "--steps", "2", "--causal", "--threads", "1"], 2)
-        report("layer at P=2 (%.1f s)" % seconds, code == 0, out + err)
+                                       "--steps", "2", "--causal", "--threads", "1", "--backend", "cuda", "--comm",
+                                       "nccl"], 2)
+        report("layer demo at P=2 on cuda/nccl (%.1f s)" % seconds, code == 0 and "comm nccl" in out, out + err)
     elif ARGS.group == "faults":
         # Rank 1 stops after its third step (forward's 2 and backward's first): rank 0 waits for
         # a step that rank 1 never joins.

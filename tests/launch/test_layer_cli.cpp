@@ -234,12 +234,26 @@ TEST_F(LayerCli, BadInputExitsWithCode2AndNamesTheProblem) {
       {files() + " --steps 2", "--steps needs a loss"},
       {files() + " --dy " + (dir / "bad_wk.npy").string(),
        "--dy " + (dir / "bad_wk.npy").string() + ": shape (10, 64)"},
+      {files() + " --backend cpu --comm nccl", "--comm nccl needs --backend cuda"},
+      {"--demo --check", "--check compares a pass of --x"},
   };
   for (const Case& c : cases) {
     const CommandResult run = run_layer(2, c.args);
     EXPECT_EQ(run.code, 2) << c.args << "\n" << run.output;
     EXPECT_NE(run.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << run.output;
   }
+}
+
+// --check runs the pass again on the CPU backend in fp32: with bf16 GEMM operands and ring storage
+// it passes (their rounding is within the bf16 tolerance) and says by how much; with an output
+// file it writes it.
+TEST_F(LayerCli, CheckComparesWithTheCpuInFp32) {
+  const CommandResult run = run_layer(2, files() + " --dtype bf16 --rope-theta 1000 --dy " + (dir / "dy.npy").string() +
+                                             " --check --out " + (dir / "y_checked.npy").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("check     passed against the CPU backend in fp32: Y "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("dA/dB"), std::string::npos) << run.output;
+  EXPECT_TRUE(fs::exists(dir / "y_checked.npy"));
 }
 
 // A float32 safetensors file of whole tensors.

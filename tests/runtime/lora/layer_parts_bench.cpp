@@ -3,8 +3,9 @@
 //   layer  = forward + backward of LoraLayer (gathers, projections, rope, biases, the ring,
 //            the gradient reduce-scatter), the slowest rank's time;
 //   parts  = the same projection GEMMs (projection_forward / projection_backward on this rank's
-//            rows, parameters already local) + the attention as the attention job runs it
-//            (RingAttention forward + backward on the same shard), the slowest rank's time.
+//            rows, parameters already local, on the CPU's LayerOps) + the attention as the
+//            attention job runs it (the API's forward + backward on the same shard), the slowest
+//            rank's time.
 //
 // Each is the median of --iters repetitions, interleaved so that both see the same machine. Prints
 // one row and exits 1 when layer / parts exceeds --limit (default 1.15), nccl-tests style.
@@ -19,6 +20,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "comm/stopwatch.hpp"
+#include "runtime/api/arguments.hpp"
 #include "runtime/lora/layer.hpp"
 #include "tests/support/test_util.hpp"
 
@@ -58,7 +60,10 @@ int main(int argc, char** argv) {
     Mask mask;
     mask.causal = true;
     const ShardLayout layout(LayoutKind::zigzag, c.seq_len, comm->size());
-    LoraLayer layer(*comm, c, layout, mask);
+    ContextOptions options;
+    options.threads = c.threads;
+    Context context(MPI_COMM_WORLD, options);
+    LoraLayer layer(context, c, layout, mask);
     for (int p = 0; p < kProjections; ++p) {
       fill_normal(layer.projection(p), ProjectionPart::w0, 1, 40 + p, 0.03f);
       fill_normal(layer.projection(p), ProjectionPart::lora_a, 1, 50 + p, 0.03f);
@@ -69,47 +74,54 @@ int main(int argc, char** argv) {
     const std::vector<float> x = testing::random_vector(n, 1), dy = testing::random_vector(n, 2);
     std::vector<float> y(n), dx(n);
 
-    // The parts: the four projections with whole local parameters, and a ring of the same shape.
+    // The parts: the four projections with whole local parameters, and the attention of the same
+    // shape through the same API.
+    std::vector<std::vector<float>> storage(kProjections);
     std::vector<GatheredProjection> whole(kProjections);
     for (int p = 0; p < kProjections; ++p) {
       const ProjectionShape s = c.shape(p);
-      whole[size_t(p)].shape = s;
-      whole[size_t(p)].w0 = testing::random_vector(size_t(s.out * s.in), 10 + p, 0.03f);
-      whole[size_t(p)].a_t = testing::random_vector(size_t(s.in * s.rank), 20 + p, 0.03f);
-      whole[size_t(p)].b = testing::random_vector(size_t(s.out * s.rank), 30 + p, 0.03f);
-      if (s.bias) whole[size_t(p)].bias.assign(size_t(s.out), 0.1f);
+      storage[size_t(p)].resize(GatheredProjection::bytes(s, DType::f32) / sizeof(float));
+      whole[size_t(p)] = GatheredProjection::at(storage[size_t(p)].data(), s, DType::f32);
+      auto fill = [&](void* at, size_t n, uint64_t seed) {
+        const std::vector<float> v = testing::random_vector(n, seed, 0.03f);
+        std::copy(v.begin(), v.end(), static_cast<float*>(at));
+      };
+      fill(whole[size_t(p)].w0, size_t(s.out * s.in), 10 + p);
+      fill(whole[size_t(p)].a_t, size_t(s.in * s.rank), 20 + p);
+      fill(whole[size_t(p)].b, size_t(s.out * s.rank), 30 + p);
+      if (s.bias) std::fill(whole[size_t(p)].bias, whole[size_t(p)].bias + s.out, 0.1f);
     }
-    auto backend = make_cpu_backend(1);
-    RingAttention ring(*comm, *backend, layout, mask,
-                       RingOptions{kernels::AttentionDims{c.batch, c.heads, c.kv_heads, D, 1.0f / std::sqrt(float(D))},
-                                   DType::f32, Schedule::direct});
+    const std::unique_ptr<LayerOps> ops = make_layer_ops(context.backend(), c.threads);
+    const Shard shard{c.batch, layer.rows(), c.heads, c.kv_heads, D, ElementType::float32};
+    const AttentionSpec spec = api::attention_spec(mask, layout.kind(), c.schedule, 0.0, 1);
     const std::vector<float> q = testing::random_vector(size_t(N * c.heads * D), 3);
     const std::vector<float> k = testing::random_vector(size_t(N * c.kv_heads * D), 4), v = k;
     std::vector<float> o(q.size()), lse(size_t(c.batch * c.heads * layer.rows())), dq(q.size()), dk(k.size()),
         dv(k.size());
     std::vector<float> proj_out(size_t(N * c.d_model * 2)), u(size_t(N * c.lora_rank)), grads(
-        size_t((2 * c.d_model) * c.lora_rank * 2));
+        size_t((2 * c.d_model) * c.lora_rank * 2)), du(u.size());
     auto parts = [&] {
       double t = 0;
       for (int p = 0; p < kProjections; ++p) {
         const comm::Stopwatch w;
-        projection_forward(whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), N, proj_out.data(),
-                           u.data(), {});
+        projection_forward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), N,
+                           proj_out.data(), u.data(), u.data());
         t += w.seconds();
       }
       comm->barrier();
       const comm::Stopwatch a;
-      ring.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
-      ring.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(), dv.data());
+      context.forward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data());
+      context.backward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(),
+                       dv.data());
       t += a.seconds();
       for (int p = kProjections - 1; p >= 0; --p) {
         const ProjectionShape& s = whole[size_t(p)].shape;
         std::fill(grads.begin(), grads.end(), 0.0f);
         const comm::Stopwatch w;
-        projection_backward(whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), u.data(),
+        projection_backward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), u.data(),
                             p == kOutput ? dy.data() : p == kQuery ? dq.data() : dk.data(), N,
                             p == kOutput ? proj_out.data() : dx.data(), p != kValue && p != kOutput, grads.data(),
-                            grads.data() + s.in * s.rank, {});
+                            grads.data() + s.in * s.rank, du.data(), du.data());
         t += w.seconds();
       }
       return slowest(*comm, t);
@@ -117,7 +129,7 @@ int main(int argc, char** argv) {
     auto whole_layer = [&] {
       comm->barrier();
       const comm::Stopwatch t;
-      layer.forward(x.data(), y.data());
+      layer.forward(x.data(), y.data());  // (host memory: the CPU backend's)
       layer.backward(x.data(), dy.data(), dx.data());
       return slowest(*comm, t.seconds());
     };

@@ -4,12 +4,19 @@
 // per-document positions) with biases on every layout; one SGD and one AdamW step; training and the demo
 // independent of the number of ranks; merged weights; parameter memory per rank. Each rank checks
 // its own rows and its own parameter slices. Registered at 1, 2, 3 and 4 ranks.
+//
+// The layer runs where RINGATTN_TEST_BACKEND and RINGATTN_TEST_COMM say (default cpu and mpi): the
+// emulated build also registers it on --backend cuda --comm nccl (the CUDA emulation, cuBLAS served
+// by the CPU GEMM).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/test_util.hpp"
@@ -22,6 +29,67 @@
 
 namespace ringattn::testing {
 namespace {
+
+// The context options of the environment's backend and communicator.
+ContextOptions context_options() {
+  ContextOptions o;
+  if (const char* b = std::getenv("RINGATTN_TEST_BACKEND")) o.backend = b;
+  if (const char* c = std::getenv("RINGATTN_TEST_COMM")) o.comm = c;
+  o.threads = 1;
+  o.timeout_s = 60.0;
+  return o;
+}
+
+// A communicator for the tests' own host-side collectives and the layer's context over the same
+// ranks: all of them, or each rank alone. Collective over MPI_COMM_WORLD.
+struct Ranks {
+  MPI_Comm mpi = MPI_COMM_NULL;
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<Context> context;
+
+  explicit Ranks(bool alone) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_split(MPI_COMM_WORLD, alone ? rank : 0, 0, &mpi);
+    comm = comm::make_mpi_communicator(mpi);
+    comm->set_timeout(60.0);
+    ContextOptions options = context_options();
+    // A rank alone moves nothing; over MPI (host-staged with CUDA), since emulated NCCL
+    // communicators span every rank of the job.
+    if (alone) options.comm = "mpi";
+    context = std::make_unique<Context>(mpi, options);
+  }
+  ~Ranks() {
+    context.reset();
+    comm.reset();
+    MPI_Comm_free(&mpi);
+  }
+};
+
+// The layer's passes on host vectors, through its memory (the backend's).
+std::vector<float> forward(LoraLayer& layer, std::vector<float> x) {
+  std::vector<float> y(x.size());
+  MirroredFloats in(layer.backend(), x), out(layer.backend(), y);
+  in.upload();
+  layer.forward(in.data(), out.data());
+  out.download();
+  return y;
+}
+std::vector<float> backward(LoraLayer& layer, std::vector<float> x, std::vector<float> dy) {
+  std::vector<float> dx(x.size());
+  MirroredFloats in(layer.backend(), x), grad(layer.backend(), dy), out(layer.backend(), dx);
+  in.upload(), grad.upload();
+  layer.backward(in.data(), grad.data(), out.data());
+  out.download();
+  return dx;
+}
+double step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer, std::vector<float> x,
+            const std::vector<float>& target) {
+  MirroredFloats in(layer.backend(), x);
+  in.upload();
+  std::vector<float> y;
+  return train_step(comm, layer, optimizer, in.data(), LossKind::mse, target.data(), y);
+}
 
 
 struct LayerCase {
@@ -130,28 +198,24 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 
 class LoraLayerMpi : public ::testing::Test {
  protected:
-  void SetUp() override {
-    comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-    comm->set_timeout(60.0);
-  }
-  std::unique_ptr<comm::Communicator> comm;
+  void SetUp() override { world = std::make_unique<Ranks>(false); }
+  void TearDown() override { world.reset(); }
+  std::unique_ptr<Ranks> world;
 };
 
-// Forward and backward of one case on `comm`, each rank checking its rows and slices.
-void check_against_fp64(comm::Communicator& comm, const LayerCase& c, double tol) {
-  const int P = comm.size();
+// Forward and backward of one case on the context's ranks, each rank checking its rows and slices.
+void check_against_fp64(Context& context, const LayerCase& c, double tol) {
+  const int P = context.size();
   const Mask mask = mask_variant(c.mask, c.L);
-  SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(comm.rank()));
+  SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(context.rank()) + " on " + context.options().backend);
   const ShardLayout layout(c.layout, c.L, P);
-  LoraLayer layer(comm, c.config(), layout, mask);
+  LoraLayer layer(context, c.config(), layout, mask);
   const RefLayer ref = make_reference(c, mask, 100);
   load(layer, ref);
   const std::vector<float> x = random_vector(size_t(c.B * c.L * c.d), 7), dy = random_vector(x.size(), 8);
   const std::vector<float> xr = rows_of(x, c.B, c.L, c.d, layer.positions());
   const std::vector<float> dyr = rows_of(dy, c.B, c.L, c.d, layer.positions());
-  std::vector<float> y(xr.size()), dx(xr.size());
-  layer.forward(xr.data(), y.data());
-  layer.backward(xr.data(), dyr.data(), dx.data());
+  const std::vector<float> y = forward(layer, xr), dx = backward(layer, xr, dyr);
 
   const std::vector<double> ry = reference_layer_forward(ref, to_double(x));
   const RefGrads rg = reference_layer_backward(ref, to_double(x), to_double(dy));
@@ -180,7 +244,7 @@ TEST_F(LoraLayerMpi, EveryLayoutScheduleAndMaskMatchesFp64) {
       for (int m = 0; m < kMaskVariants; ++m) {
         LayerCase c;
         c.layout = layout, c.schedule = schedule, c.mask = m;
-        check_against_fp64(*comm, c, kFp32Tolerance);
+        check_against_fp64(*world->context, c, kFp32Tolerance);
       }
 }
 
@@ -194,18 +258,18 @@ TEST_F(LoraLayerMpi, RopeAndBiasesMatchFp64OnEveryLayout) {
         c.layout = layout, c.mask = 1;
         c.bias = {true, true, true, true};
         c.rope.theta = 10000.0, c.rope.interleaved = interleaved, c.rope.dims = dims;
-        check_against_fp64(*comm, c, kFp32Tolerance);
+        check_against_fp64(*world->context, c, kFp32Tolerance);
         c.mask = 5;  // causal over two packed documents: positions restart in the second
         c.rope.per_document = true;
         c.rope.theta = 500.0;
-        check_against_fp64(*comm, c, kFp32Tolerance);
+        check_against_fp64(*world->context, c, kFp32Tolerance);
       }
   LayerCase qwen;  // Qwen2: biases on q, k, v only, rope over the whole head, MQA, two LoRA targets
   qwen.bias = {true, true, true, false};
   qwen.lora = {true, false, true, false};
   qwen.Hkv = 1, qwen.mask = 7, qwen.layout = LayoutKind::zigzag;
   qwen.rope.theta = 1e6;
-  check_against_fp64(*comm, qwen, kFp32Tolerance);
+  check_against_fp64(*world->context, qwen, kFp32Tolerance);
 }
 
 TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {
@@ -214,28 +278,35 @@ TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {
   c.Hkv = 1, c.B = 1, c.d = 32, c.H = 2, c.r = 3, c.alpha = 3;
   c.mask = 1;
   c.layout = LayoutKind::zigzag;
-  check_against_fp64(*comm, c, kFp32Tolerance);
-  c.L = comm->size();  // one position per rank
+  check_against_fp64(*world->context, c, kFp32Tolerance);
+  c.L = world->comm->size();  // one position per rank
   c.layout = LayoutKind::striped;
-  check_against_fp64(*comm, c, kFp32Tolerance);
+  check_against_fp64(*world->context, c, kFp32Tolerance);
 }
 
-TEST_F(LoraLayerMpi, Bf16AttentionStorage) {
+// bf16: the ring stores Q, K, V and dO in bf16 and every GEMM takes bf16 operands (8 bits of
+// mantissa), summing in fp32.
+TEST_F(LoraLayerMpi, Bf16AttentionStorageAndGemms) {
   LayerCase c;
   c.dtype = DType::bf16;
   c.mask = 1;
   c.layout = LayoutKind::zigzag;
-  check_against_fp64(*comm, c, 3e-2);  // Q, K, V, dO rounded to 8 bits of mantissa
+  check_against_fp64(*world->context, c, 3e-2);
+  c.bias = {true, true, true, true};  // with RoPE and biases too
+  c.rope.theta = 10000.0;
+  c.mask = 5;
+  check_against_fp64(*world->context, c, 3e-2);
 }
 
 // One training step (MSE against a target) against the fp64 step, comparing the updates.
-void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr) {
+void check_training_step(Ranks& ranks, OptimizerKind kind, double lr) {
+  comm::Communicator& comm = *ranks.comm;
   LayerCase c;
   c.mask = 1, c.layout = LayoutKind::zigzag;
   const Mask mask = mask_variant(c.mask, c.L);
   SCOPED_TRACE(std::string(optimizer_name(kind)) + " P=" + std::to_string(comm.size()));
   const ShardLayout layout(c.layout, c.L, comm.size());
-  LoraLayer layer(comm, c.config(), layout, mask);
+  LoraLayer layer(*ranks.context, c.config(), layout, mask);
   RefLayer ref = make_reference(c, mask, 200);
   load(layer, ref);
   const RefLayer before = ref;
@@ -245,8 +316,7 @@ void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr
   OptimizerOptions options;
   options.kind = kind, options.lr = lr;
   LoraOptimizer optimizer(layer, options);
-  std::vector<float> y;
-  const double loss = train_step(comm, layer, optimizer, xr.data(), LossKind::mse, tr.data(), y);
+  const double loss = step(comm, layer, optimizer, xr, tr);
 
   const std::vector<double> ry = reference_layer_forward(ref, to_double(x));
   std::vector<double> rdy(ry.size());
@@ -267,18 +337,19 @@ void check_training_step(comm::Communicator& comm, OptimizerKind kind, double lr
       std::vector<double> update(now.size());
       for (size_t i = 0; i < now.size(); ++i) update[i] = now[i] - then[i];
       std::vector<double> got, start, want;
-      owned_pairs(layer.projection(p), part, layer.projection(p).lora(), then, got, start);
+      const ShardedProjection& proj = std::as_const(layer).projection(p);
+      owned_pairs(proj, part, proj.lora(), then, got, start);
       std::vector<double> got_update(got.size());
       for (size_t i = 0; i < got.size(); ++i) got_update[i] = got[i] - start[i];
-      owned_pairs(layer.projection(p), part, layer.projection(p).lora(), update, got, want);
+      owned_pairs(proj, part, proj.lora(), update, got, want);
       // (fp32 parameters: an update is exact up to the rounding of the parameter itself)
       expect_close(got_update, want, max_abs(update), 1e-4,
                    std::string(projection_name(p)) + (part == ProjectionPart::lora_a ? " A update" : " B update"));
     }
 }
 
-TEST_F(LoraLayerMpi, SgdStepMatchesFp64) { check_training_step(*comm, OptimizerKind::sgd, 0.5); }
-TEST_F(LoraLayerMpi, AdamwStepMatchesFp64) { check_training_step(*comm, OptimizerKind::adamw, 1e-2); }
+TEST_F(LoraLayerMpi, SgdStepMatchesFp64) { check_training_step(*world, OptimizerKind::sgd, 0.5); }
+TEST_F(LoraLayerMpi, AdamwStepMatchesFp64) { check_training_step(*world, OptimizerKind::adamw, 1e-2); }
 
 // Several steps at P ranks end where one process ends, to fp32 rounding.
 TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
@@ -286,35 +357,36 @@ TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
   c.mask = 2, c.layout = LayoutKind::striped;
   const Mask mask = mask_variant(c.mask, c.L);
   const std::vector<float> target = random_vector(size_t(c.B * c.L * c.d), 11, 0.5f);
-  auto train = [&](comm::Communicator& on, OptimizerKind kind) {
-    auto layer = std::make_unique<LoraLayer>(on, c.config(), ShardLayout(c.layout, c.L, on.size()), mask);
+  auto train = [&](Ranks& on, OptimizerKind kind) {
+    auto layer =
+        std::make_unique<LoraLayer>(*on.context, c.config(), ShardLayout(c.layout, c.L, on.comm->size()), mask);
     load(*layer, make_reference(c, mask, 300));
     OptimizerOptions options;
     options.kind = kind, options.lr = kind == OptimizerKind::sgd ? 0.2 : 1e-2;
     LoraOptimizer optimizer(*layer, options);
-    std::vector<float> y;
-    for (int step = 0; step < 4; ++step) {
-      const std::vector<float> x = random_vector(target.size(), 20 + uint64_t(step));
-      train_step(on, *layer, optimizer, rows_of(x, c.B, c.L, c.d, layer->positions()).data(), LossKind::mse,
-                 rows_of(target, c.B, c.L, c.d, layer->positions()).data(), y);
+    for (int i = 0; i < 4; ++i) {
+      const std::vector<float> x = random_vector(target.size(), 20 + uint64_t(i));
+      step(*on.comm, *layer, optimizer, rows_of(x, c.B, c.L, c.d, layer->positions()),
+           rows_of(target, c.B, c.L, c.d, layer->positions()));
     }
     return layer;
   };
-  std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank(), 0);
+  Ranks alone(true);
   for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     SCOPED_TRACE(optimizer_name(kind));
-    const auto sharded = train(*comm, kind);
-    const auto single = train(*alone, kind);
+    const auto sharded = train(*world, kind);
+    const auto single = train(alone, kind);
     for (int p = 0; p < kProjections; ++p)
       for (ProjectionPart part : {ProjectionPart::lora_a, ProjectionPart::lora_b}) {
-        const ShardedProjection& whole = single->projection(p);
+        const ShardedProjection& whole = std::as_const(*single).projection(p);
         const int64_t cols = part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().rank;
         std::vector<double> full(
             size_t(whole.shape().rank * (part == ProjectionPart::lora_a ? whole.shape().in : whole.shape().out)));
         whole.for_each_owned(part,
                              [&](int64_t i, int64_t j, size_t k) { full[size_t(i * cols + j)] = whole.lora()[k]; });
         std::vector<double> got, want;
-        owned_pairs(sharded->projection(p), part, sharded->projection(p).lora(), full, got, want);
+        const ShardedProjection& mine = std::as_const(*sharded).projection(p);
+        owned_pairs(mine, part, mine.lora(), full, got, want);
         expect_close(got, want, max_abs(full), 1e-5, std::string(projection_name(p)) + " after 4 steps");
       }
   }
@@ -324,13 +396,13 @@ TEST_F(LoraLayerMpi, MergedWeightsGiveTheSameOutputWithoutLora) {
   LayerCase c;
   c.mask = 3;
   const Mask mask = mask_variant(c.mask, c.L);
-  const ShardLayout layout(c.layout, c.L, comm->size());
-  LoraLayer layer(*comm, c.config(), layout, mask);
+  const ShardLayout layout(c.layout, c.L, world->comm->size());
+  LoraLayer layer(*world->context, c.config(), layout, mask);
   const RefLayer ref = make_reference(c, mask, 400);
   load(layer, ref);
   LayerCase plain = c;
   plain.lora.fill(false);
-  LoraLayer merged(*comm, plain.config(), layout, mask);
+  LoraLayer merged(*world->context, plain.config(), layout, mask);
   for (int p = 0; p < kProjections; ++p) {
     const std::vector<float> rows = layer.merged_rows(p);
     const ShardedProjection& proj = merged.projection(p);
@@ -346,18 +418,16 @@ TEST_F(LoraLayerMpi, MergedWeightsGiveTheSameOutputWithoutLora) {
     EXPECT_TRUE(merged.projection(p).lora().empty());
   }
   const std::vector<float> x = rows_of(random_vector(size_t(c.B * c.L * c.d), 12), c.B, c.L, c.d, layer.positions());
-  std::vector<float> y1(x.size()), y2(x.size());
-  layer.forward(x.data(), y1.data());
-  merged.forward(x.data(), y2.data());
+  const std::vector<float> y1 = forward(layer, x), y2 = forward(merged, x);
   expect_close(to_double(y2), to_double(y1), max_abs(to_double(y1)), 1e-5, "merged vs unmerged y");
 }
 
 TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   LayerCase c;
   c.d = 128, c.H = 8, c.Hkv = 2, c.r = 8, c.B = 1;
-  const int P = comm->size();
+  const int P = world->comm->size();
   const ShardLayout layout(c.layout, c.L, P);
-  LoraLayer layer(*comm, c.config(), layout, Mask());
+  LoraLayer layer(*world->context, c.config(), layout, Mask());
   size_t slack = 0, largest = 0;  // one more row of W0 and B and one more column of A, per projection
   for (int p = 0; p < kProjections; ++p) {
     const ProjectionShape& s = layer.projection(p).shape();
@@ -369,11 +439,10 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   EXPECT_LE(mine, full / size_t(P) + slack);
   EXPECT_GE(mine + slack, full / size_t(P));
   uint64_t sum = mine;
-  comm->allreduce(&sum, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  world->comm->allreduce(&sum, 1, comm::DataType::i64, comm::ReduceOp::sum);
   EXPECT_EQ(sum, full);  // every parameter held exactly once
-  std::vector<float> x(layer.activation_elements(), 0.5f), y(x.size()), dx(x.size());
-  layer.forward(x.data(), y.data());
-  layer.backward(x.data(), y.data(), dx.data());
+  const std::vector<float> x(layer.activation_elements(), 0.5f);
+  backward(layer, x, forward(layer, x));
   EXPECT_GE(layer.peak_gathered_bytes(), largest);      // one projection in use ...
   EXPECT_LE(layer.peak_gathered_bytes(), 2 * largest);  // ... and at most the next one arriving
   EXPECT_EQ(layer.gathered_bytes(), 0u);                // released after the pass
@@ -388,15 +457,17 @@ TEST_F(LoraLayerMpi, DemoLossCurveIsIndependentOfRanks) {
   DemoOptions options;
   options.steps = 40;
   options.optimizer.lr = 0.02;
-  auto run = [&](comm::Communicator& on) {
-    LoraLayer student(on, c.config(), ShardLayout(LayoutKind::zigzag, c.L, on.size()), mask);
-    return run_lora_demo(on, student, options);
+  auto run = [&](Ranks& on) {
+    LoraLayer student(*on.context, c.config(), ShardLayout(LayoutKind::zigzag, c.L, on.comm->size()), mask);
+    return run_lora_demo(*on.comm, student, options);
   };
-  const std::vector<double> sharded = run(*comm);
-  std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank() == 0 ? 0 : -1, 0);
+  const std::vector<double> sharded = run(*world);
   std::vector<double> single(sharded.size());
-  if (alone) single = run(*alone);
-  comm->broadcast(single.data(), single.size() * sizeof(double), 0);
+  {
+    Ranks alone(true);  // (collective: every rank makes its own)
+    if (world->comm->rank() == 0) single = run(alone);
+  }
+  world->comm->broadcast(single.data(), single.size() * sizeof(double), 0);
   ASSERT_EQ(sharded.size(), 40u);
   for (size_t i = 0; i < sharded.size(); ++i) EXPECT_NEAR(sharded[i], single[i], 1e-4 * single[i]) << "step " << i + 1;
   EXPECT_LT(single.back(), 0.5 * single.front());
