@@ -1,6 +1,9 @@
 #include "comm/communicator.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 
 namespace ringattn::comm {
 
@@ -61,6 +64,25 @@ void Communicator::alltoallv(const void* send, std::span<const size_t> send_byte
     offset += send_bytes[j];
   }
   wait_all(requests, "alltoallv");
+}
+
+std::vector<int> Communicator::node_of_ranks() {
+  constexpr size_t kName = 256;
+  char mine[kName] = {};
+  gethostname(mine, kName - 1);
+  const int n = size();
+  std::vector<char> names(kName * size_t(n));
+  allgather(mine, names.data(), kName);
+  std::vector<int> node(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    node[size_t(r)] = r;
+    for (int q = 0; q < r; ++q)
+      if (std::strncmp(&names[kName * size_t(q)], &names[kName * size_t(r)], kName) == 0) {
+        node[size_t(r)] = q;
+        break;
+      }
+  }
+  return node;
 }
 
 }  // namespace ringattn::comm

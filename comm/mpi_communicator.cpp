@@ -467,6 +467,25 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   return std::unique_ptr<Communicator>(new MpiCommunicator(sub, *this));
 }
 
+std::vector<int> MpiCommunicator::node_of_ranks() {
+  check_thread("node_of_ranks");
+  bounded_barrier("node_of_ranks (the barrier before MPI_Comm_split_type)");
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  // The node's rank 0 (keys are ranks here) is its least rank: translate it, no communication.
+  MPI_Group node_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  int first = 0, least = rank_;
+  MPI_Comm_group(node, &node_group);
+  MPI_Comm_group(comm_, &group);
+  MPI_Group_translate_ranks(node_group, 1, &first, group, &least);
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  MPI_Comm_free(&node);
+  std::vector<int> out(static_cast<size_t>(size_));
+  allgather(&least, out.data(), sizeof least);
+  return out;
+}
+
 // ---- errors ----
 
 CommError MpiCommunicator::mpi_error(int mpi_error, const std::string& call) const {

@@ -117,6 +117,8 @@ class MpiCommunicator : public Communicator {
   void barrier() override;
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // MPI_Comm_split_type (MPI_COMM_TYPE_SHARED), entered after a bounded barrier as split is.
+  std::vector<int> node_of_ranks() override;
 
   MPI_Comm mpi_comm() const { return comm_; }
   // Transfers posted and not yet reported complete.

@@ -1,7 +1,5 @@
 // ringattn::Context (include/ringattn/ringattn.hpp): the communicator and backend of a caller's
 // ranks, the agreement every call starts with, and the plans cached per call shape.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -63,6 +61,11 @@ struct Context::Impl {
   std::function<void(int, int)> on_step;
   std::map<std::string, std::unique_ptr<Plan>> plans;
   int local_rank = 0, local_ranks = 1;
+  std::vector<int> nodes;  // the node of every rank (find_nodes): where the --ulysses groups go
+
+  // The layout of a sequence of seq_len positions for this spec, over these ranks and nodes;
+  // throws ArgumentError for an AttentionSpec::ulysses that does not divide the ranks.
+  ShardLayout layout(int64_t seq_len, const AttentionSpec& spec) const;
 
   // Agrees on the call (collective); returns the plan, or throws ArgumentError on every rank.
   Plan& agree(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error);
@@ -70,17 +73,12 @@ struct Context::Impl {
 
 namespace {
 
-// This rank's index among the ranks of its node, and their number, by host name (a bounded
-// collective: a missing rank turns into CommError, not a hang).
-void find_node_ranks(comm::Communicator& c, int& local_rank, int& local_ranks) {
-  char host[64] = {};
-  gethostname(host, sizeof host - 1);
-  std::vector<char> all(sizeof host * static_cast<size_t>(c.size()));
-  c.allgather(host, all.data(), sizeof host);
+// This rank's index among the ranks of its node, and their number.
+void count_node_ranks(const std::vector<int>& node_of_rank, int rank, int& local_rank, int& local_ranks) {
   local_rank = 0, local_ranks = 0;
-  for (int r = 0; r < c.size(); ++r)
-    if (std::strncmp(host, &all[sizeof host * static_cast<size_t>(r)], sizeof host) == 0) {
-      if (r < c.rank()) ++local_rank;
+  for (int r = 0; r < static_cast<int>(node_of_rank.size()); ++r)
+    if (node_of_rank[size_t(r)] == node_of_rank[size_t(rank)]) {
+      if (r < rank) ++local_rank;
       ++local_ranks;
     }
 }
@@ -127,7 +125,8 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
     if (!bad.argument().empty()) throw bad;
     throw ArgumentError("options", "options: another rank's options were refused");
   }
-  find_node_ranks(*m.mpi, m.local_rank, m.local_ranks);
+  count_node_ranks(m.mpi->node_of_ranks(), m.mpi->rank(), m.local_rank, m.local_ranks);  // a bounded collective
+  m.nodes = find_nodes(*m.mpi);
   m.ring_comm = m.mpi.get();
   if (options.backend == "cpu") {
     const int threads = options.threads > 0
@@ -179,16 +178,25 @@ SequenceLayout Context::layout(const AttentionSpec& spec) const {
   }
 }
 
-int64_t Context::rows(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  if (seq_len < size())
+ShardLayout Context::Impl::layout(int64_t seq_len, const AttentionSpec& spec) const {
+  const int P = mpi->size();
+  if (seq_len < P)
     throw ArgumentError("seq_len", "seq_len: " + std::to_string(seq_len) + " positions cannot be sharded over " +
-                                       std::to_string(size()) + " ranks (each needs at least one)");
-  return ShardLayout(api::layout_kind(spec), seq_len, size()).rows(rank < 0 ? this->rank() : rank);
+                                       std::to_string(P) + " ranks (each needs at least one)");
+  if (spec.ulysses < 1 || P % spec.ulysses != 0)
+    throw ArgumentError("ulysses", "ulysses: " + std::to_string(spec.ulysses) + " must divide the " +
+                                       std::to_string(P) + " ranks");
+  std::vector<int> members;
+  if (spec.ulysses > 1) members = place_ulysses_groups(nodes, spec.ulysses).members;
+  return ShardLayout(api::layout_kind(spec), seq_len, P, spec.ulysses, std::move(members));
+}
+
+int64_t Context::rows(int64_t seq_len, const AttentionSpec& spec, int rank) const {
+  return impl_->layout(seq_len, spec).rows(rank < 0 ? this->rank() : rank);
 }
 
 std::vector<int64_t> Context::positions(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  rows(seq_len, spec, rank);  // checks seq_len
-  return ShardLayout(api::layout_kind(spec), seq_len, size()).positions(rank < 0 ? this->rank() : rank);
+  return impl_->layout(seq_len, spec).positions(rank < 0 ? this->rank() : rank);
 }
 
 void Context::allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank) {
@@ -255,7 +263,7 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
                                        std::to_string(P) + " ranks and the " + std::to_string(first.heads) +
                                        " heads, and divide or be a multiple of the " +
                                        std::to_string(first.kv_heads) + " K/V heads");
-  const ShardLayout layout(kind, L, P, spec.ulysses);
+  const ShardLayout layout = this->layout(L, spec);  // the same placement as the UlyssesAttention's
   for (int r = 0; r < P; ++r)
     if (layout.rows(r) != all[static_cast<size_t>(r)].rows)
       throw ArgumentError("q", "q: rank " + std::to_string(r) + " holds " +
