@@ -105,17 +105,25 @@ UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses) {
 
 UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
                                    int64_t seq_len, const Mask& mask, const RingOptions& options, int ulysses)
+    : UlyssesAttention(comm, backend, layout, seq_len, mask, options,
+                       (check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
+                        std::make_shared<UlyssesGroups>(make_ulysses_groups(comm, ulysses)))) {}
+
+UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
+                                   int64_t seq_len, const Mask& mask, const RingOptions& options,
+                                   std::shared_ptr<UlyssesGroups> groups)
     : comm_(comm),
       backend_(backend),
       options_(options),
-      groups_((check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
-               make_ulysses_groups(comm, ulysses))),
-      layout_(layout, seq_len, comm.size(), ulysses, groups_.placement.members),
+      groups_((check_ulysses(groups->ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
+               std::move(groups))),
+      layout_(layout, seq_len, comm.size(), groups_->ulysses, groups_->placement.members),
       group_layout_(layout_.group_layout()),
-      group_rows_(group_layout_.rows(groups_.group)),
+      group_rows_(group_layout_.rows(groups_->group)),
       positions_(layout_.positions(comm.rank())) {
-  if (groups_.group_comm && backend.memory() == comm::MemorySpace::device &&
-      groups_.group_comm->memory() == comm::MemorySpace::host)
+  const int ulysses = groups_->ulysses;
+  if (groups_->group_comm && backend.memory() == comm::MemorySpace::device &&
+      groups_->group_comm->memory() == comm::MemorySpace::host)
     throw std::invalid_argument("UlyssesAttention: the " + std::string(backend.name()) +
                                 " backend's buffers are device memory, which the " + comm.name() +
                                 " communicator cannot move (wrap it in the host-staged communicator)");
@@ -124,35 +132,35 @@ UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& b
   local_dims_.kv_heads = kv_heads(0).count;
   RingOptions ring_options = options;
   ring_options.dims = local_dims_;
-  ring_ = std::make_unique<RingAttention>(comm_, backend, group_layout_, mask, ring_options, groups_.ring_ranks);
+  ring_ = std::make_unique<RingAttention>(comm_, backend, group_layout_, mask, ring_options, groups_->ring_ranks);
 }
 
 UlyssesAttention::HeadSlice UlyssesAttention::query_heads(int j) const {
-  const int64_t n = options_.dims.heads / groups_.ulysses;
+  const int64_t n = options_.dims.heads / groups_->ulysses;
   return {j * n, n};
 }
 
 UlyssesAttention::HeadSlice UlyssesAttention::kv_heads(int j) const {
-  const int64_t Hkv = options_.dims.kv_heads, U = groups_.ulysses;
+  const int64_t Hkv = options_.dims.kv_heads, U = groups_->ulysses;
   if (Hkv >= U) return {j * (Hkv / U), Hkv / U};
   return {j / (U / Hkv), 1};  // replicated: members j with the same j / (U / Hkv) share a head
 }
 
-int64_t UlyssesAttention::member_begin(int j) const { return group_rows_ * j / groups_.ulysses; }  // as ShardLayout
+int64_t UlyssesAttention::member_begin(int j) const { return group_rows_ * j / groups_->ulysses; }  // as ShardLayout
 int64_t UlyssesAttention::member_rows(int j) const { return member_begin(j + 1) - member_begin(j); }
 
 UlyssesAttention::Resharding UlyssesAttention::tensor_resharding(int64_t heads, size_t elem, bool kv) const {
-  const int64_t B = options_.dims.batch, mine = (kv ? kv_heads(groups_.member) : query_heads(groups_.member)).count;
+  const int64_t B = options_.dims.batch, mine = (kv ? kv_heads(groups_->member) : query_heads(groups_->member)).count;
   const size_t head_bytes = size_t(options_.dims.head_dim) * elem;
   Resharding r;
   r.rows_form = {B, rows(), heads, head_bytes};
   r.heads_form = {B, group_rows_, mine, head_bytes};
-  for (int j = 0; j < groups_.ulysses; ++j) {
+  for (int j = 0; j < groups_->ulysses; ++j) {
     const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
     r.of_rows.push_back({0, rows(), s.first, s.count});
     r.of_heads.push_back({member_begin(j), member_rows(j), 0, mine});
   }
-  r.replicated = kv && options_.dims.kv_heads < groups_.ulysses;
+  r.replicated = kv && options_.dims.kv_heads < groups_->ulysses;
   return r;
 }
 
@@ -161,7 +169,7 @@ UlyssesAttention::Resharding UlyssesAttention::lse_resharding() const {
   Resharding r;
   r.rows_form = {B, options_.dims.heads, rows(), sizeof(float)};
   r.heads_form = {B, Hl, group_rows_, sizeof(float)};
-  for (int j = 0; j < groups_.ulysses; ++j) {
+  for (int j = 0; j < groups_->ulysses; ++j) {
     r.of_rows.push_back({j * Hl, Hl, 0, rows()});
     r.of_heads.push_back({0, Hl, member_begin(j), member_rows(j)});
   }
@@ -195,7 +203,7 @@ void UlyssesAttention::reserve(DeviceBuffer& buffer, size_t bytes) {
 
 void UlyssesAttention::reshard(const Resharding& r, Direction direction, const void* src, void* dst) {
   const double t0 = now_seconds();
-  const int U = groups_.ulysses;
+  const int U = groups_->ulysses;
   const bool to_heads = direction == Direction::to_heads;
   const Shape& from = to_heads ? r.rows_form : r.heads_form;
   const Shape& to = to_heads ? r.heads_form : r.rows_form;
@@ -210,7 +218,7 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
     send_total += send_bytes[size_t(j)];
     recv_offset[size_t(j)] = recv_total;
     recv_total += recv_bytes[size_t(j)];
-    if (j != groups_.member) a2a_bytes_ += send_bytes[size_t(j)];
+    if (j != groups_->member) a2a_bytes_ += send_bytes[size_t(j)];
   }
   reserve(send_, send_total);
   reserve(recv_, recv_total);
@@ -220,7 +228,7 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
     packed += send_bytes[size_t(j)];
   }
   backend_.synchronize();  // the communicator reads the blocks as soon as it is called
-  groups_.group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
+  groups_->group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
   // Copies of a replicated K/V head come back from consecutive members: their fp32 gradients are
   // summed in member order into the first block, which then goes in place once.
   char* blocks = recv_.as<char>();
@@ -240,7 +248,7 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
 
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
-  if (groups_.ulysses == 1) return ring_->forward(q, k, v, o, lse);
+  if (groups_->ulysses == 1) return ring_->forward(q, k, v, o, lse);
   const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
@@ -269,7 +277,7 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
 PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
                                      const void* dout, float* dq, float* dk, float* dv) {
   ring_->on_step = on_step;
-  if (groups_.ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
+  if (groups_->ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
   const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;

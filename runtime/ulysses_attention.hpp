@@ -93,17 +93,22 @@ class UlyssesAttention {
   // one.
   UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
                    const Mask& mask, const RingOptions& options, int ulysses);
+  // The same over groups made before (make_ulysses_groups over `comm`) and shared with other
+  // UlyssesAttention objects used one at a time, so that their number does not multiply the
+  // communicators (the library's plans share one group communicator).
+  UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
+                   const Mask& mask, const RingOptions& options, std::shared_ptr<UlyssesGroups> groups);
 
-  int ulysses() const { return groups_.ulysses; }
-  int group() const { return groups_.group; }
-  int member() const { return groups_.member; }
+  int ulysses() const { return groups_->ulysses; }
+  int group() const { return groups_->group; }
+  int member() const { return groups_->member; }
   // With U = 1 there is no group communicator (nullptr). The ring always runs over `comm`.
-  comm::Communicator* group_comm() { return groups_.group_comm.get(); }
+  comm::Communicator* group_comm() { return groups_->group_comm.get(); }
   // The ring across groups (H/U heads, the group's rows; RingAttention::rank_at names its ranks).
   RingAttention& ring() { return *ring_; }
   const ShardLayout& layout() const { return layout_; }              // over the P ranks
   const ShardLayout& group_layout() const { return group_layout_; }  // over the G groups
-  const UlyssesPlacement& placement() const { return groups_.placement; }
+  const UlyssesPlacement& placement() const { return groups_->placement; }
 
   int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
   const std::vector<int64_t>& positions() const { return positions_; }
@@ -170,7 +175,7 @@ class UlyssesAttention {
   comm::Communicator& comm_;
   AttentionBackend& backend_;
   RingOptions options_;
-  UlyssesGroups groups_;
+  std::shared_ptr<UlyssesGroups> groups_;
   ShardLayout layout_;
   ShardLayout group_layout_;
   int64_t group_rows_;

@@ -62,6 +62,9 @@ struct Context::Impl {
   std::map<std::string, std::unique_ptr<Plan>> plans;
   int local_rank = 0, local_ranks = 1;
   std::vector<int> nodes;  // the node of every rank (find_nodes): where the --ulysses groups go
+  // The groups of each AttentionSpec::ulysses in use, shared by the plans: one group
+  // communicator per degree, however many plans.
+  std::map<int, std::shared_ptr<UlyssesGroups>> groups;
 
   // The layout of a sequence of seq_len positions for this spec, over these ranks and nodes;
   // throws ArgumentError for an AttentionSpec::ulysses that does not divide the ranks.
@@ -159,6 +162,7 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
 Context::~Context() {
   if (!impl_) return;
   impl_->plans.clear();  // the rings refer to the backend and communicators
+  impl_->groups.clear();
   impl_->backend.reset();
   impl_->owned_ring_comm.reset();
 }
@@ -277,8 +281,10 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
   if (it != plans.end() && it->second->block_mask == spec.mask.block_mask) return *it->second;
   auto plan = std::make_unique<Plan>(api::build_mask(spec, L));
   plan->block_mask = spec.mask.block_mask;
+  std::shared_ptr<UlyssesGroups>& g = groups[spec.ulysses];
+  if (!g) g = std::make_shared<UlyssesGroups>(make_ulysses_groups(*ring_comm, spec.ulysses));  // collective
   plan->ring = std::make_unique<UlyssesAttention>(*ring_comm, *backend, kind, L, plan->mask,
-                                                  api::ring_options(shard, spec), spec.ulysses);
+                                                  api::ring_options(shard, spec), g);
   if (comm::Communicator* group = plan->ring->group_comm())
     group->set_link_emulation(comm::LinkEmulation{options.emulate_intra_bandwidth_gbps, options.emulate_intra_latency_us});
   Plan& p = *plan;
