@@ -202,7 +202,6 @@ void UlyssesAttention::reserve(DeviceBuffer& buffer, size_t bytes) {
 }
 
 void UlyssesAttention::reshard(const Resharding& r, Direction direction, const void* src, void* dst) {
-  const double t0 = now_seconds();
   const int U = groups_->ulysses;
   const bool to_heads = direction == Direction::to_heads;
   const Shape& from = to_heads ? r.rows_form : r.heads_form;
@@ -228,7 +227,11 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
     packed += send_bytes[size_t(j)];
   }
   backend_.synchronize();  // the communicator reads the blocks as soon as it is called
+  // The exchange alone counts as communication (waiting included: it starts when the group's
+  // last member arrives); packing and unpacking are copies on the backend, like the ring's.
+  const double t0 = now_seconds();
   groups_->group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
+  a2a_seconds_ += now_seconds() - t0;
   // Copies of a replicated K/V head come back from consecutive members: their fp32 gradients are
   // summed in member order into the first block, which then goes in place once.
   char* blocks = recv_.as<char>();
@@ -243,7 +246,6 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
     i = last + 1;
   }
   backend_.synchronize();
-  a2a_seconds_ += now_seconds() - t0;
 }
 
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {

@@ -115,7 +115,8 @@ class UlyssesAttention {
   // K/V bytes the ring part must receive (RingAttention::bytes_needed on H/U heads).
   uint64_t bytes_needed() const { return ring_->bytes_needed(); }
   // Payload this rank sent to other members in the all-to-alls of the last pass, and the time
-  // spent in them (not overlapped with compute: exposed communication).
+  // spent in their exchanges (not overlapped with compute: exposed communication; the packing
+  // and unpacking copies around them are not counted).
   uint64_t a2a_bytes_sent() const { return a2a_bytes_; }
   double a2a_seconds() const { return a2a_seconds_; }
 
@@ -165,7 +166,7 @@ class UlyssesAttention {
   Resharding lse_resharding() const;                                         // (B, H, rows)
   enum class Direction { to_heads, to_rows };
   // Moves `src` (backend memory, the form the direction starts from) into `dst` (the other
-  // form) by one all-to-all in the group; time and bytes go to the counters.
+  // form) by one all-to-all in the group; the exchange's time and bytes go to the counters.
   void reshard(const Resharding& r, Direction direction, const void* src, void* dst);
   // A box of a tensor <-> a dense (outer, na, nb, inner) block, on the backend.
   void copy_box(const Shape& shape, const Box& box, const void* tensor, void* block, bool into_block);
