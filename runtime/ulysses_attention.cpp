@@ -71,7 +71,8 @@ std::vector<int> find_nodes(comm::Communicator& comm) {
   for (const char* c = pretend; *c;) {
     char* end = nullptr;
     const long id = std::strtol(c, &end, 10);
-    if (end == c) throw std::invalid_argument(std::string("RINGATTN_TEST_NODES: '") + pretend + "' is not a list of node ids");
+    if (end == c)
+      throw std::invalid_argument(std::string("RINGATTN_TEST_NODES: '") + pretend + "' is not a list of node ids");
     nodes.push_back(static_cast<int>(id));
     c = *end == ',' ? end + 1 : end;
   }
@@ -176,17 +177,16 @@ UlyssesAttention::Resharding UlyssesAttention::lse_resharding() const {
   return r;
 }
 
-void UlyssesAttention::copy_box(const Shape& shape, const Box& box, const void* tensor, void* block, bool into_block) {
+void UlyssesAttention::copy_box(const Shape& shape, const Box& box, const void* src, void* dst, bool pack) {
   const size_t row = size_t(shape.b) * shape.inner, width = size_t(box.nb) * shape.inner;
   const size_t block_bytes = size_t(box.na) * width;  // per outer index
-  auto* t = static_cast<char*>(const_cast<void*>(tensor)) + size_t(box.a0) * row + size_t(box.b0) * shape.inner;
-  auto* b = static_cast<char*>(block);
+  const size_t box_start = size_t(box.a0) * row + size_t(box.b0) * shape.inner;
+  // Rows of `w` bytes, `height` of them, from the tensor's box to the block (pack) or back.
   auto copy = [&](size_t tensor_pitch, size_t block_pitch, size_t w, size_t height, size_t t_off, size_t b_off) {
     if (height == 1) tensor_pitch = block_pitch = w;  // no pitch to respect (CUDA caps pitches at 2^31)
-    if (into_block)
-      backend_.copy_2d(b + b_off, block_pitch, t + t_off, tensor_pitch, w, height);
-    else
-      backend_.copy_2d(t + t_off, tensor_pitch, b + b_off, block_pitch, w, height);
+    const char* from = static_cast<const char*>(src) + (pack ? box_start + t_off : b_off);
+    char* to = static_cast<char*>(dst) + (pack ? b_off : box_start + t_off);
+    backend_.copy_2d(to, pack ? block_pitch : tensor_pitch, from, pack ? tensor_pitch : block_pitch, w, height);
   };
   const size_t outer_bytes = size_t(shape.a) * row;
   if (box.nb == shape.b)  // whole rows: one contiguous run per outer index
@@ -194,7 +194,8 @@ void UlyssesAttention::copy_box(const Shape& shape, const Box& box, const void* 
   else if (box.na == shape.a)  // every row of every outer index: equally spaced
     copy(row, width, width, size_t(shape.outer * shape.a), 0, 0);
   else
-    for (int64_t o = 0; o < shape.outer; ++o) copy(row, width, width, size_t(box.na), size_t(o) * outer_bytes, size_t(o) * block_bytes);
+    for (int64_t o = 0; o < shape.outer; ++o)
+      copy(row, width, width, size_t(box.na), size_t(o) * outer_bytes, size_t(o) * block_bytes);
 }
 
 void UlyssesAttention::reserve(DeviceBuffer& buffer, size_t bytes) {
@@ -223,7 +224,7 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
   reserve(recv_, recv_total);
   char* packed = send_.as<char>();
   for (int j = 0; j < U; ++j) {
-    copy_box(from, sent[size_t(j)], src, packed, true);
+    copy_box(from, sent[size_t(j)], src, packed, true);  // pack
     packed += send_bytes[size_t(j)];
   }
   backend_.synchronize();  // the communicator reads the blocks as soon as it is called
@@ -240,9 +241,10 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
     while (!to_heads && r.replicated && last + 1 < U && received[size_t(last + 1)] == received[size_t(i)]) {
       ++last;
       backend_.add(reinterpret_cast<float*>(blocks + recv_offset[size_t(i)]),
-                   reinterpret_cast<const float*>(blocks + recv_offset[size_t(last)]), recv_bytes[size_t(i)] / sizeof(float));
+                   reinterpret_cast<const float*>(blocks + recv_offset[size_t(last)]),
+                   recv_bytes[size_t(i)] / sizeof(float));
     }
-    copy_box(to, received[size_t(i)], dst, blocks + recv_offset[size_t(i)], false);
+    copy_box(to, received[size_t(i)], blocks + recv_offset[size_t(i)], dst, false);  // unpack
     i = last + 1;
   }
   backend_.synchronize();
@@ -287,7 +289,8 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
   const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
   const Resharding rq = tensor_resharding(H, elem, false), rkv = tensor_resharding(Hkv, elem, true);
-  const Resharding rq32 = tensor_resharding(H, sizeof(float), false), rkv32 = tensor_resharding(Hkv, sizeof(float), true);
+  const Resharding rq32 = tensor_resharding(H, sizeof(float), false);
+  const Resharding rkv32 = tensor_resharding(Hkv, sizeof(float), true);
   const void* args[5] = {q, k, v, o, lse};
   if (!std::equal(args, args + 5, forward_args_)) {  // not the last forward's tensors: exchange them
     reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));

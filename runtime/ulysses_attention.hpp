@@ -168,8 +168,9 @@ class UlyssesAttention {
   // Moves `src` (backend memory, the form the direction starts from) into `dst` (the other
   // form) by one all-to-all in the group; the exchange's time and bytes go to the counters.
   void reshard(const Resharding& r, Direction direction, const void* src, void* dst);
-  // A box of a tensor <-> a dense (outer, na, nb, inner) block, on the backend.
-  void copy_box(const Shape& shape, const Box& box, const void* tensor, void* block, bool into_block);
+  // pack: the box of the tensor `src` into the dense (outer, na, nb, inner) block `dst`; else the
+  // block `src` into the box of the tensor `dst`. Strided copies on the backend.
+  void copy_box(const Shape& shape, const Box& box, const void* src, void* dst, bool pack);
   // `buffer` holds at least `bytes` (grown, never shrunk, between passes).
   void reserve(DeviceBuffer& buffer, size_t bytes);
 

@@ -219,9 +219,11 @@ ClusterSpec machine_of_run(const ClusterSpec& machine, const MeasuredPoint& p) {
   const ShardLayout layout(w.layout, w.seq_len, ranks);
   const ClusterWork work = build_cluster_work(w, layout, p.mask.view());
   const ClusterSimulation sim(c, w, work);
-  const double forward_busy = p.forward_mean_s - p.forward_wait_s, backward_busy = p.backward_mean_s - p.backward_wait_s;
+  const double forward_busy = p.forward_mean_s - p.forward_wait_s;
+  const double backward_busy = p.backward_mean_s - p.backward_wait_s;
   c.forward_gflops = forward_busy > 0 ? sim.forward_counts().gflop / forward_busy : machine.forward_gflops;
-  c.backward_gflops = w.backward && backward_busy > 0 ? sim.backward_counts().gflop / backward_busy : machine.backward_gflops;
+  c.backward_gflops =
+      w.backward && backward_busy > 0 ? sim.backward_counts().gflop / backward_busy : machine.backward_gflops;
   return c;
 }
 

@@ -72,7 +72,8 @@ TEST(NcclEmulated, CollectivesOnDeviceAndHostMemory) {
 // Blocks j of (j + 1) floats, 100 x sender + j, to every rank j: each rank checks what it got.
 void check_alltoallv(Communicator& c, bool device) {
   const int n = c.size(), me = c.rank();
-  std::vector<size_t> send_bytes(static_cast<size_t>(n)), recv_bytes(static_cast<size_t>(n), sizeof(float) * size_t(me + 1));
+  std::vector<size_t> send_bytes(static_cast<size_t>(n));
+  std::vector<size_t> recv_bytes(static_cast<size_t>(n), sizeof(float) * size_t(me + 1));
   for (int j = 0; j < n; ++j) send_bytes[size_t(j)] = sizeof(float) * size_t(j + 1);
   const size_t count = size_t(n * (n + 1) / 2);
   float *send = nullptr, *recv = nullptr;
