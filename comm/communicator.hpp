@@ -137,6 +137,10 @@ class Communicator {
   [[noreturn]] virtual void abort(int exit_code) = 0;
   // Ranks with the same color form a new communicator ordered by key; color < 0 gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // The node of every rank (collective): entry r is the same for ranks that share a node, and is
+  // the least rank of that node. MPI asks MPI_Comm_split_type (MPI_COMM_TYPE_SHARED); this default
+  // compares host names.
+  virtual std::vector<int> node_of_ranks();
 
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }

@@ -173,9 +173,19 @@ Request MpiCommunicator::post(void* buf, size_t bytes, int peer, int tag, bool i
   t.peer = peer;
   t.tag = tag;
   t.bytes = bytes;
-  // A message to oneself never crosses the network, so it is not delayed.
-  if (link_.active() && peer != rank_)
-    t.emulated_done = (is_send ? links_->outgoing : links_->incoming).book(now_seconds(), bytes, link_);
+  // A message to oneself never crosses the network, so it is not delayed. The departure time
+  // goes ahead of the payload on the same tag; the receive books its link when it arrives.
+  if (link_.active() && peer != rank_) {
+    t.departure = std::make_unique<double>(0.0);
+    if (is_send) {
+      t.emulated_done = links_->outgoing.book(now_seconds(), bytes, link_, t.departure.get());
+      check(MPI_Isend(t.departure.get(), 1, MPI_DOUBLE, peer, tag, comm_, &t.departure_request), "MPI_Isend");
+    } else {
+      t.posted_at = now_seconds();
+      t.emulated_done = kForever;  // until the departure time arrives
+      check(MPI_Irecv(t.departure.get(), 1, MPI_DOUBLE, peer, tag, comm_, &t.departure_request), "MPI_Irecv");
+    }
+  }
   // Consecutive chunks with one tag between one pair arrive in order (MPI's non-overtaking rule).
   size_t offset = 0;
   do {
@@ -204,6 +214,13 @@ bool MpiCommunicator::mpi_test(Transfer& t) {
     return CommError(t.error);
   };
   if (!t.error.empty()) throw CommError(t.error);
+  if (t.departure_request != MPI_REQUEST_NULL) {  // link emulation: the departure time first
+    int flag = 0;
+    if (int err = MPI_Test(&t.departure_request, &flag, MPI_STATUS_IGNORE); err != MPI_SUCCESS)
+      throw fail(mpi_error(err, "MPI_Test of the emulated departure time of " + transfer_text(t)).what());
+    if (!flag) return false;
+    if (!t.is_send) t.emulated_done = links_->incoming.book(std::max(*t.departure, t.posted_at), t.bytes, link_);
+  }
   for (size_t i = 0; i < t.chunks.size() && !t.mpi_done; ++i) {
     MPI_Request& req = t.chunks[i];
     if (req == MPI_REQUEST_NULL) continue;
@@ -296,6 +313,11 @@ void MpiCommunicator::forget(std::map<int64_t, Transfer>::iterator it, Request& 
 
 // Gives up the chunks MPI has not finished (see the header: after a timeout).
 void MpiCommunicator::release(Transfer& t) {
+  if (t.departure_request != MPI_REQUEST_NULL) {
+    if (!t.is_send) MPI_Cancel(&t.departure_request);
+    MPI_Request_free(&t.departure_request);
+    released_departures_.push_back(std::move(t.departure));  // MPI may still touch it
+  }
   for (MPI_Request& req : t.chunks) {
     if (req == MPI_REQUEST_NULL) continue;
     if (!t.is_send) MPI_Cancel(&req);
@@ -465,6 +487,25 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
   if (sub == MPI_COMM_NULL) return nullptr;
   return std::unique_ptr<Communicator>(new MpiCommunicator(sub, *this));
+}
+
+std::vector<int> MpiCommunicator::node_of_ranks() {
+  check_thread("node_of_ranks");
+  bounded_barrier("node_of_ranks (the barrier before MPI_Comm_split_type)");
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  // The node's rank 0 (keys are ranks here) is its least rank: translate it, no communication.
+  MPI_Group node_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  int first = 0, least = rank_;
+  MPI_Comm_group(node, &node_group);
+  MPI_Comm_group(comm_, &group);
+  MPI_Group_translate_ranks(node_group, 1, &first, group, &least);
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  MPI_Comm_free(&node);
+  std::vector<int> out(static_cast<size_t>(size_));
+  allgather(&least, out.data(), sizeof least);
+  return out;
 }
 
 // ---- errors ----

@@ -35,17 +35,19 @@
 // chunk_bytes (1 GiB); a receive must name the byte count of its send (checked on arrival).
 // Collectives take at most 2^31 - 1 elements per rank and call (a larger one throws CommError).
 //
-// Link emulation (set_link_emulation). Each rank has one emulated link per direction, shared by
-// all its peers and by the communicators split from this one, as a rank has one network port.
-// A message of n bytes posted at t waits for the link to carry the messages booked before it,
-// start = max(t, link free), holds it n / bandwidth, and arrives `latency` later:
-// done = start + n / bandwidth + latency. Latency does not hold the link (a long wire carries
-// several messages at once). A request is complete once MPI says so and its emulated time has
-// come, on both sides: the sender books its outgoing link when it posts the send, the receiver
-// its incoming link when it posts the receive. The receiver does not know when the send was
-// posted, so this is exact when both are posted together (as in a ring step), early by up to
-// the gap when the receive is posted long before the send, and never earlier than MPI's real
-// arrival. Messages to oneself and collectives are not delayed.
+// Link emulation (set_link_emulation; every rank of the communicator sets the same). Each rank
+// has one emulated link per direction, shared by all its peers and by the communicators split
+// from this one, as a rank has one network port. A message of n bytes posted at t waits for the
+// link to carry the messages booked before it, start = max(t, link free), holds it n / bandwidth,
+// and arrives `latency` later: done = start + n / bandwidth + latency. Latency does not hold the
+// link (a long wire carries several messages at once). A request is complete once MPI says so and
+// its emulated time has come, on both sides. The sender books its outgoing link when it posts the
+// send and sends the start time ahead of the payload (one double on the same tag); the receiver
+// books its incoming link when that arrives, from max(that start, when it posted the receive), so
+// a receive posted long before its send completes no earlier than the send could have arrived
+// (the start times compare the ranks' steady clocks: emulate on one machine). A send completes on
+// its own link's time, without waiting for the receive to be posted. Messages to oneself and
+// collectives are not delayed.
 //
 // Counters. bytes_sent() counts isend payloads. wait_seconds() counts the time blocked in
 // wait() only: the time compute waited for data ("exposed communication" in the benchmarks);
@@ -73,10 +75,12 @@ namespace ringattn::comm {
 struct EmulatedLink {
   double free_at = 0.0;  // when the link has carried every message booked so far
 
-  // Books a message of `bytes` posted at time `now` (seconds); returns when it has arrived.
-  double book(double now, size_t bytes, const LinkEmulation& link) {
-    const double start = std::max(now, free_at);
-    free_at = start + (link.gbps > 0.0 ? double(bytes) / (link.gbps * 1e9) : 0.0);
+  // Books a message of `bytes` posted at time `now` (seconds); returns when it has arrived, and
+  // in `start` when the link took it.
+  double book(double now, size_t bytes, const LinkEmulation& link, double* start = nullptr) {
+    const double begin = std::max(now, free_at);
+    if (start) *start = begin;
+    free_at = begin + (link.gbps > 0.0 ? double(bytes) / (link.gbps * 1e9) : 0.0);
     return free_at + link.latency_us * 1e-6;
   }
 };
@@ -117,6 +121,8 @@ class MpiCommunicator : public Communicator {
   void barrier() override;
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // MPI_Comm_split_type (MPI_COMM_TYPE_SHARED), entered after a bounded barrier as split is.
+  std::vector<int> node_of_ranks() override;
 
   MPI_Comm mpi_comm() const { return comm_; }
   // Transfers posted and not yet reported complete.
@@ -133,6 +139,11 @@ class MpiCommunicator : public Communicator {
     int peer = 0, tag = 0;
     size_t bytes = 0;
     double emulated_done = 0.0;  // 0 without link emulation
+    // Link emulation: when the sender's link took the message, sent ahead of it (a receive books
+    // its incoming link when this arrives), and when the receive was posted.
+    std::unique_ptr<double> departure;
+    MPI_Request departure_request = MPI_REQUEST_NULL;
+    double posted_at = 0.0;
     bool mpi_done = false;
     std::string error;  // met by progress(), thrown by the next test() or wait()
   };
@@ -173,6 +184,7 @@ class MpiCommunicator : public Communicator {
   std::thread::id owner_;
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
+  std::vector<std::unique_ptr<double>> released_departures_;  // of transfers given up (after a timeout)
   std::vector<int> counts_, displacements_;  // arguments of the v-collectives
   std::vector<int> send_counts_, send_displacements_;  // alltoallv's send side
   std::unique_ptr<RollCall> roll_call_;      // on its own duplicate of comm_

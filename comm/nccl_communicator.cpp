@@ -150,8 +150,44 @@ struct NcclCommunicator::Impl {
 
   void init(MPI_Comm world, double timeout_s);
   void select_device();
+  // The communication stream and its event, on `device`.
+  void make_stream();
+  // Polls a non-blocking init or split to its end, bounded by the timeout; then every rank of
+  // `everyone` learns whether every rank succeeded (none waits on a failed peer), and fails if not.
+  void agree_joined(ncclResult_t r, ncclComm_t joining, Communicator& everyone, const std::string& what);
   void teardown();
 };
+
+void NcclCommunicator::Impl::make_stream() {
+  cuda(cudaSetDevice(device), "cudaSetDevice");
+  int least = 0, greatest = 0;
+  cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  // The highest priority, so that transfers are not starved by compute.
+  cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority");
+  cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+}
+
+void NcclCommunicator::Impl::agree_joined(ncclResult_t r, ncclComm_t joining, Communicator& everyone,
+                                          const std::string& what) {
+  if (r == ncclInProgress && joining) {
+    const Stopwatch waited;
+    do {
+      ncclCommGetAsyncError(joining, &r);
+      if (r == ncclInProgress && waited.seconds() > self.timeout()) break;
+      sched_yield();
+    } while (r == ncclInProgress);
+  }
+  int32_t bad = r == ncclSuccess ? 0 : 1;
+  const std::string mine = r == ncclSuccess ? ""
+                           : r == ncclInProgress
+                               ? what + " did not finish within " + seconds_text(self.timeout()) + " s"
+                               : what + " failed: " + nccl_text(r);
+  everyone.allreduce(&bad, 1, DataType::i32, ReduceOp::max);
+  if (bad) {
+    if (joining && joining != comm) ncclCommAbort(joining);
+    fail(mine.empty() ? what + " failed on another rank (see its error)" : mine);
+  }
+}
 
 void NcclCommunicator::Impl::select_device() {
   char name[MPI_MAX_PROCESSOR_NAME] = {};
@@ -191,34 +227,15 @@ void NcclCommunicator::Impl::init(MPI_Comm world, double timeout_s) {
   rank = control->rank();
   size = control->size();
   select_device();
-  cuda(cudaSetDevice(device), "cudaSetDevice");
-  int least = 0, greatest = 0;
-  cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-  // The highest priority, so that transfers are not starved by compute.
-  cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority");
-  cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  make_stream();
 
   ncclUniqueId id{};
   if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) std::memset(&id, 0, sizeof id);  // fails below, on every rank
   control->broadcast(&id, sizeof id, 0);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // bounded by the timeout, polled below
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (r == ncclInProgress) {
-    const Stopwatch waited;
-    do {
-      ncclCommGetAsyncError(comm, &r);
-      if (r == ncclInProgress && waited.seconds() > self.timeout()) break;
-      sched_yield();
-    } while (r == ncclInProgress);
-  }
-  // Every rank learns whether every rank got its communicator (none waits on a failed peer).
-  int32_t bad = r == ncclSuccess ? 0 : 1;
-  std::string mine = r == ncclSuccess ? "" : r == ncclInProgress
-                                                 ? "NCCL initialisation did not finish within " + seconds_text(self.timeout()) + " s"
-                                                 : "NCCL initialisation failed: " + nccl_text(r);
-  control->allreduce(&bad, 1, DataType::i32, ReduceOp::max);
-  if (bad) fail(mine.empty() ? "NCCL initialisation failed on another rank (see its error)" : mine);
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  agree_joined(r, comm, *control, "NCCL initialisation");
 }
 
 void NcclCommunicator::Impl::teardown() {
@@ -396,11 +413,73 @@ void NcclCommunicator::abort(int exit_code) {
   std::_Exit(exit_code);  // not reached: MPI_Abort ends the job
 }
 
+void NcclCommunicator::alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                                 std::span<const size_t> recv_bytes) {
+  Impl& m = *impl_;
+  m.sync_timeouts();
+  if (send_bytes.size() != size_t(m.size) || recv_bytes.size() != size_t(m.size))
+    throw CommError(m.prefix() + "alltoallv given " + std::to_string(send_bytes.size()) + " send and " +
+                    std::to_string(recv_bytes.size()) + " receive sizes for a communicator of " +
+                    std::to_string(m.size) + " ranks");
+  if (!is_device_pointer(send) || !is_device_pointer(recv))
+    return m.staged->alltoallv(send, send_bytes, recv, recv_bytes);
+  size_t total = 0;
+  for (size_t n : send_bytes) total += n;
+  m.collective("all-to-all of " + std::to_string(total) + " bytes", [&] {
+    ncclResult_t r = ncclGroupStart();
+    size_t in = 0, out = 0;
+    for (int j = 0; j < m.size && (r == ncclSuccess || r == ncclInProgress); ++j) {
+      if (recv_bytes[size_t(j)] > 0)
+        r = ncclRecv(static_cast<char*>(recv) + in, recv_bytes[size_t(j)], ncclUint8, j, m.comm, m.stream);
+      if (send_bytes[size_t(j)] > 0 && (r == ncclSuccess || r == ncclInProgress))
+        r = ncclSend(static_cast<const char*>(send) + out, send_bytes[size_t(j)], ncclUint8, j, m.comm, m.stream);
+      in += recv_bytes[size_t(j)];
+      out += send_bytes[size_t(j)];
+    }
+    const ncclResult_t end = ncclGroupEnd();  // closes the group even after a failed call
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
+  });
+}
+
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
-  impl_->sync_timeouts();
-  std::unique_ptr<Communicator> sub = impl_->control->split(color, key);
+  Impl& m = *impl_;
+  m.sync_timeouts();
+  m.check_usable("split");
+  std::unique_ptr<Communicator> control = m.control->split(color, key);  // the new one's MPI side
+  ncclComm_t sub = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // bounded by the timeout, polled in agree_joined
+  const ncclResult_t r = ncclCommSplit(m.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config);
+  m.agree_joined(r, sub, *m.control, "ncclCommSplit (color " + std::to_string(color) + ")");
   if (!sub) return nullptr;
-  return std::make_unique<HostStagedCommunicator>(std::move(sub));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(*this, std::move(control), sub));
+}
+
+NcclCommunicator::NcclCommunicator(const NcclCommunicator& parent, std::unique_ptr<Communicator> control, void* comm)
+    : impl_(std::make_unique<Impl>(*this)) {
+  Impl& m = *impl_;
+  const Impl& p = *parent.impl_;
+  m.comm = static_cast<ncclComm_t>(comm);
+  set_timeout(parent.timeout());
+  try {
+    m.control.reset(static_cast<MpiCommunicator*>(control.release()));  // MpiCommunicator::split's
+    m.staged = std::make_unique<HostStagedCommunicator>(*m.control);
+    m.sync_timeouts();
+    m.rank = m.control->rank();
+    m.size = m.control->size();
+    m.device = p.device;
+    m.node = p.node;
+    m.compute = p.compute;
+    m.make_stream();
+  } catch (...) {
+    m.teardown();
+    throw;
+  }
+}
+
+std::vector<int> NcclCommunicator::node_of_ranks() {
+  impl_->sync_timeouts();
+  return impl_->control->node_of_ranks();
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm) { return std::make_unique<NcclCommunicator>(comm); }

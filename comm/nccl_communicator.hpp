@@ -20,13 +20,20 @@
 // wait for the step on the device too; the host waits only in wait_step, polling the step's
 // event (and the communicator's asynchronous error) under the timeout. No tags: NCCL matches
 // group n of a rank to group n of its peers because every rank posts its steps in the same
-// order (the RingPlan makes the executor do so). Communicators per rank: one, whatever P.
+// order (the RingPlan makes the executor do so). NCCL communicators per rank: one per object,
+// whatever P.
 //
 // Collectives on device memory: ncclAllReduce, ncclBroadcast, ncclAllGather, ncclReduceScatter
-// (equal counts) on the same stream, waited for under the timeout. Everything else goes over MPI
+// (equal counts), and alltoallv as one group of ncclSend/ncclRecv (DeepSpeed-Ulysses' all-to-all,
+// no host copy), on the same stream, waited for under the timeout. Everything else goes over MPI
 // through pinned host buffers (HostStagedCommunicator over a private MPI duplicate): host
 // buffers, allgatherv, reduce_scatter with unequal counts, barrier, isend/irecv (tagged
-// point-to-point, which NCCL lacks: not the ring's path) and split. Links are not emulated.
+// point-to-point, which NCCL lacks: not the ring's path). Links are not emulated.
+//
+// split: ncclCommSplit (color, key; a negative color takes part and gets nullptr), polled under
+// the timeout, then every rank of this communicator checks that every rank succeeded: a new
+// NcclCommunicator on the same device with its own stream, ordered after the same compute
+// stream, and a split of the MPI duplicate for its own fallbacks. (--ulysses: the group's.)
 //
 // Threads: one thread uses the communicator (the one that created it).
 #pragma once
@@ -35,6 +42,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/nccl_schedule.hpp"
@@ -71,8 +79,11 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
                       ReduceOp op) override;
   void barrier() override;
+  void alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
+                 std::span<const size_t> recv_bytes) override;
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  std::vector<int> node_of_ranks() override;
 
   // Orders steps and collectives after the work issued before them on `compute_stream` (a
   // cudaStream_t: the backend's), and that stream's later work after them, on the device.
@@ -83,6 +94,8 @@ class NcclCommunicator final : public Communicator {
   int nccl_communicators() const;
 
  private:
+  // split's result: adopts `comm` (from ncclCommSplit) and `control` (the matching MPI split).
+  NcclCommunicator(const NcclCommunicator& parent, std::unique_ptr<Communicator> control, void* comm);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -28,6 +28,8 @@
 #include "runtime/errors.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/random_inputs.hpp"
+#include "runtime/ulysses_attention.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "ringattn/ringattn.hpp"
 #include "runtime/api/arguments.hpp"
 
@@ -153,7 +155,9 @@ int run_attention(LaunchContext& ctx) {
   std::vector<int64_t> pos;
   Mask mask, ring_mask;
   agreed_phase(comm, [&] {
-    layout_storage.emplace(job.layout, job.seq_len, P, job.opt.ulysses);
+    // --ulysses U > 1: the groups are U ranks of a node where the nodes allow (collective), as the
+    // library's hybrid places them.
+    layout_storage.emplace(hybrid_layout(comm, job.layout, job.seq_len, job.opt.ulysses));
     pos = layout_storage->positions(rank);
     mask = build_mask(job.opt.mask, job.seq_len, job.opt.seed);
     ring_mask = test_fault.ring_mask(mask);

@@ -436,7 +436,7 @@ int run_layer(LaunchContext& ctx) {
   report_thread_binding(comm, job.config.threads, job.opt.threads > 0, ctx);
   const Options& o = job.opt;
   const LayerConfig& c = job.config;
-  const ShardLayout layout(job.layout, c.seq_len, P, o.ulysses);
+  const ShardLayout layout = hybrid_layout(comm, job.layout, c.seq_len, o.ulysses);  // the rows the context gives
   Mask mask;
   agreed_phase(comm, [&] {
     mask = build_mask(o.mask, c.seq_len, o.seed);

@@ -62,6 +62,10 @@ class AttentionBackend {
     accumulate(dst, src, n);
     synchronize();
   }
+  // `height` rows of `width` bytes from src to dst, consecutive rows `src_pitch` and `dst_pitch`
+  // bytes apart (cudaMemcpy2D's contract): a slice of a tensor's heads or rows in one call.
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                       size_t height) = 0;
 
   // The kernels, with the semantics of kernels/cpu/attention_cpu.hpp; pointers are backend memory,
   // positions are host arrays. `progress` is called between tiles (may be empty).

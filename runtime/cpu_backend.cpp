@@ -33,6 +33,13 @@ class CpuBackend final : public AttentionBackend {
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   }
 
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t height) override {
+    if (width == 0) return;
+    for (size_t r = 0; r < height; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  }
+
   void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                const MaskView& mask, const kernels::AttentionState& state,
                const std::function<void()>& progress) override {

@@ -108,6 +108,13 @@ class CudaBackend final : public AttentionBackend {
 
   void accumulate(float* dst, const float* src, size_t n) override { kernels::cuda_add(dst, src, n, stream_); }
 
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t height) override {
+    if (width == 0 || height == 0) return;
+    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, stream_),
+          "copy_2d");
+  }
+
   void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                const MaskView& mask, const kernels::AttentionState& state,
                const std::function<void()>& progress) override {

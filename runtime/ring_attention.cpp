@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "comm/stopwatch.hpp"
@@ -10,20 +11,36 @@ namespace ringattn {
 
 namespace {
 
-std::string from_text(int peer) { return peer >= 0 ? " from rank " + std::to_string(peer) : ""; }
+// This rank's position among `ranks` (empty: its rank).
+int position_of(const comm::Communicator& comm, const std::vector<int>& ranks, int layout_ranks) {
+  if (ranks.empty()) {
+    if (layout_ranks != comm.size())
+      throw std::invalid_argument("RingAttention: a layout over " + std::to_string(layout_ranks) +
+                                  " ranks on a communicator of " + std::to_string(comm.size()));
+    return comm.rank();
+  }
+  if (ranks.size() != static_cast<size_t>(layout_ranks))
+    throw std::invalid_argument("RingAttention: " + std::to_string(ranks.size()) + " ring ranks for a layout over " +
+                                std::to_string(layout_ranks));
+  const auto it = std::find(ranks.begin(), ranks.end(), comm.rank());
+  if (it == ranks.end()) throw std::invalid_argument("RingAttention: this rank is not one of the ring's ranks");
+  return static_cast<int>(it - ranks.begin());
+}
 
 }  // namespace
 
 RingAttention::RingAttention(comm::Communicator& comm, AttentionBackend& backend, const ShardLayout& layout,
-                             const Mask& mask, const RingOptions& options)
+                             const Mask& mask, const RingOptions& options, std::vector<int> ranks)
     : comm_(comm),
+      ranks_(std::move(ranks)),
+      position_(position_of(comm, ranks_, layout.ranks())),
       backend_(backend),
       layout_(layout),
       mask_(mask),
       mask_view_(mask.view()),
       options_(options),
-      plan_(layout, mask_view_, options.schedule, comm.rank()),
-      positions_(layout.positions(comm.rank())) {
+      plan_(layout, mask_view_, options.schedule, position_),
+      positions_(layout.positions(position_)) {
   const int P = layout_.ranks();
   const bool ring = options_.schedule == Schedule::ring;
   for (const RingStep& st : plan_.steps()) max_rows_ = std::max({max_rows_, st.recv_rows, count_rows(st.send_rows)});
@@ -83,6 +100,15 @@ void RingAttention::allocate_backward_buffers() {
     }
 }
 
+std::string RingAttention::from_text(int position) const {
+  return position >= 0 ? " from rank " + std::to_string(rank_at(position)) : "";
+}
+
+comm::StepHandle RingAttention::post(comm::StepTransfer* transfers, size_t count) {
+  for (size_t t = 0; t < count; ++t) transfers[t].peer = rank_at(transfers[t].peer);
+  return comm_.post_step(std::span<const comm::StepTransfer>(transfers, count));
+}
+
 void RingAttention::wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats) {
   if (!h.valid()) return;
   const double t0 = comm::now_seconds();
@@ -117,7 +143,7 @@ comm::StepHandle RingAttention::post_key_values(int step, const void* k, const v
     }
     transfers[count++] = comm::StepTransfer::send(out, kv_message_bytes(n), st.send_peer);
   }
-  return comm_.post_step(std::span<const comm::StepTransfer>(transfers, count));
+  return post(transfers, count);
 }
 
 PassStats RingAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
@@ -179,7 +205,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
-  const int rank = comm_.rank();
+  const int rank = position_;  // in the ring
   const int64_t rows = this->rows();
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const int64_t grad_row = Hkv * D;  // fp32 elements of one dK (or dV) row
@@ -222,7 +248,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
       if (st.source >= 0)
         transfers[count++] = comm::StepTransfer::send(grad_out_[step % 2].data(), grad_message_bytes(n_out), st.source);
     }
-    return comm_.post_step(std::span<const comm::StepTransfer>(transfers, count));
+    return post(transfers, count);
   };
   // Direct: partials of this rank's rows computed by rank + k at step k, added in step order
   // one step later (so the wait overlaps the next step's compute).

@@ -13,6 +13,13 @@
 // partials and delta) by the first backward() before it posts anything. No pass allocates
 // backend memory while transfers are in flight.
 //
+// The ring's ranks. Position i of the ring holds the layout's shard i. By default position i is
+// rank i of the communicator (layout.ranks() == comm.size()); `ranks` may name a subset instead
+// (ranks[i] is the communicator rank at position i), so that several rings share one
+// communicator without one of their own (--ulysses: one ring per member index over the job's
+// communicator). Then every rank of the communicator posts the same sequence of steps, as the
+// rings have the same shape.
+//
 // Exposed communication (PassStats::wait_seconds) is the time blocked in every wait for a step,
 // whether for data to arrive or for a send to free its buffer.
 #pragma once
@@ -49,7 +56,11 @@ struct PassStats {
 class RingAttention {
  public:
   RingAttention(comm::Communicator& comm, AttentionBackend& backend, const ShardLayout& layout, const Mask& mask,
-                const RingOptions& options);
+                const RingOptions& options, std::vector<int> ranks = {});
+
+  // This rank's position in the ring, and the communicator rank at a position.
+  int position() const { return position_; }
+  int rank_at(int position) const { return ranks_.empty() ? position : ranks_[static_cast<size_t>(position)]; }
 
   const RingPlan& plan() const { return plan_; }
   int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
@@ -78,7 +89,13 @@ class RingAttention {
   void wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats);
   void allocate_backward_buffers();
 
+  // Steps are posted with ring positions as peers; rank_at translates them.
+  comm::StepHandle post(comm::StepTransfer* transfers, size_t count);
+  std::string from_text(int position) const;
+
   comm::Communicator& comm_;
+  std::vector<int> ranks_;  // empty: position = communicator rank
+  int position_;
   AttentionBackend& backend_;
   const ShardLayout& layout_;
   const Mask& mask_;

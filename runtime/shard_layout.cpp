@@ -1,6 +1,7 @@
 #include "runtime/shard_layout.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "runtime/errors.hpp"
 
@@ -22,7 +23,7 @@ LayoutKind parse_layout(const std::string& name) {
   throw UsageError("--layout " + name + ": expected contiguous, zigzag or striped");
 }
 
-ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses)
+ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses, std::vector<int> members)
     : kind_(kind), seq_len_(seq_len), ranks_(ranks), ulysses_(ulysses) {
   if (ranks < 1) throw UsageError("the job needs at least one rank");
   if (ulysses < 1 || ranks % ulysses != 0)
@@ -31,6 +32,23 @@ ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysse
   if (seq_len < ranks)
     throw UsageError("--seq-len " + std::to_string(seq_len) + " is smaller than the number of ranks (" +
                      std::to_string(ranks) + "): every rank needs at least one position");
+  if (members.empty()) return;
+  std::vector<int> slots(static_cast<size_t>(ranks), -1);
+  bool identity = members.size() == static_cast<size_t>(ranks);
+  for (size_t s = 0; s < members.size() && identity; ++s) {
+    const int r = members[s];
+    identity = r >= 0 && r < ranks && slots[static_cast<size_t>(r)] < 0;
+    if (identity) slots[static_cast<size_t>(r)] = static_cast<int>(s);
+  }
+  if (!identity) throw std::invalid_argument("ShardLayout: the group placement is not a permutation of the ranks");
+  if (std::is_sorted(members.begin(), members.end())) return;  // consecutive ranks after all
+  members_ = std::move(members);
+  slot_of_rank_ = std::move(slots);
+}
+
+int ShardLayout::member_rank(int group, int member) const {
+  const int s = group * ulysses_ + member;
+  return members_.empty() ? s : members_[static_cast<size_t>(s)];
 }
 
 int64_t ShardLayout::chunk_start(int64_t c, int64_t n) const {
@@ -39,12 +57,12 @@ int64_t ShardLayout::chunk_start(int64_t c, int64_t n) const {
 }
 
 std::vector<PositionRun> ShardLayout::runs(int rank) const {
-  if (ulysses_ == 1) return group_runs(rank);
+  if (ulysses_ == 1) return group_runs(slot(rank));
   // Member u's part of its group's rows, cut out of the group's runs.
-  const std::vector<PositionRun> group = group_runs(rank / ulysses_);
+  const std::vector<PositionRun> group = group_runs(group_of(rank));
   int64_t group_rows = 0;
   for (const PositionRun& r : group) group_rows += r.count;
-  const int u = rank % ulysses_;
+  const int u = member_of(rank);
   const int64_t begin = member_begin(group_rows, u), end = member_begin(group_rows, u + 1);
   std::vector<PositionRun> out;
   int64_t offset = 0;
@@ -107,12 +125,12 @@ int64_t ShardLayout::position(int rank, int64_t local_row) const {
 
 ShardLayout::Location ShardLayout::locate(int64_t pos) const {
   const Location at = locate_in_group(pos);
-  if (ulysses_ == 1) return at;
+  if (ulysses_ == 1) return {member_rank(at.rank, 0), at.row};
   int64_t group_rows = 0;
   for (const PositionRun& r : group_runs(at.rank)) group_rows += r.count;
   int u = ulysses_ - 1;
   while (member_begin(group_rows, u) > at.row) --u;
-  return {at.rank * ulysses_ + u, at.row - member_begin(group_rows, u)};
+  return {member_rank(at.rank, u), at.row - member_begin(group_rows, u)};
 }
 
 ShardLayout::Location ShardLayout::locate_in_group(int64_t pos) const {

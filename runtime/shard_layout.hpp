@@ -8,9 +8,11 @@
 // arithmetic runs of positions, so no rank ever materialises the whole sequence's positions.
 //
 // Hybrid parallelism (--ulysses U, runtime/ulysses_attention.hpp): the layout applies to the P/U
-// groups of U consecutive ranks (group g = ranks gU .. gU + U - 1), and member u = rank mod U of
-// a group holds the u-th of U nearly equal consecutive parts of the group's rows (still at most
-// two runs). U = 1 is the plain layout.
+// groups, and member u of a group holds the u-th of U nearly equal consecutive parts of the
+// group's rows (still at most two runs). Which ranks form the groups is the placement `members`:
+// members[g U + u] is the rank of member u of group g (place_ulysses_groups puts a group on one
+// node); without it, group g is ranks gU .. gU + U - 1 and member u is rank gU + u. U = 1 is the
+// plain layout.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,8 @@ struct PositionRun {
 
 class ShardLayout {
  public:
-  ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses = 1);
+  // `members`: a permutation of the ranks (empty: consecutive ranks form the groups).
+  ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses = 1, std::vector<int> members = {});
 
   LayoutKind kind() const { return kind_; }
   int64_t seq_len() const { return seq_len_; }
@@ -44,6 +47,10 @@ class ShardLayout {
   int groups() const { return ranks_ / ulysses_; }
   // The layout of the groups alone (what the ring across groups shards by).
   ShardLayout group_layout() const { return ShardLayout(kind_, seq_len_, groups()); }
+  // The rank of member u of group g, and the group and member of a rank.
+  int member_rank(int group, int member) const;
+  int group_of(int rank) const { return slot(rank) / ulysses_; }
+  int member_of(int rank) const { return slot(rank) % ulysses_; }
 
   // The rank's positions in ascending order, as runs; local row t is the t-th position.
   std::vector<PositionRun> runs(int rank) const;
@@ -66,10 +73,13 @@ class ShardLayout {
   std::vector<PositionRun> group_runs(int group) const;
   Location locate_in_group(int64_t pos) const;  // the group and the row in the group's rows
   int64_t member_begin(int64_t group_rows, int member) const { return group_rows * member / ulysses_; }
+  // g U + u for member u of group g.
+  int slot(int rank) const { return slot_of_rank_.empty() ? rank : slot_of_rank_[static_cast<size_t>(rank)]; }
   LayoutKind kind_;
   int64_t seq_len_;
   int ranks_;
   int ulysses_ = 1;
+  std::vector<int> members_, slot_of_rank_;  // empty: consecutive ranks
 };
 
 }  // namespace ringattn

@@ -1,9 +1,11 @@
 #include "runtime/ulysses_attention.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
 #include <string>
 
 #include "comm/stopwatch.hpp"
@@ -11,8 +13,6 @@
 
 namespace ringattn {
 namespace {
-
-constexpr size_t kHostNameBytes = 256;
 
 }  // namespace
 
@@ -31,248 +31,249 @@ void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads) {
                      "split or replicated evenly over the group");
 }
 
+UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int ulysses) {
+  const int P = static_cast<int>(node_of_rank.size());
+  UlyssesPlacement p;
+  // Nodes in the order of their least rank, each with its ranks in rank order.
+  std::map<int, size_t> index;
+  std::vector<std::vector<int>> nodes;
+  for (int r = 0; r < P; ++r) {
+    auto [it, fresh] = index.try_emplace(node_of_rank[size_t(r)], nodes.size());
+    if (fresh) nodes.emplace_back();
+    nodes[it->second].push_back(r);
+  }
+  std::string counts;
+  for (const std::vector<int>& n : nodes) {
+    p.node_local = p.node_local && n.size() % size_t(ulysses) == 0;
+    counts += (counts.empty() ? "" : ", ") + std::to_string(n.size());
+  }
+  if (p.node_local) {
+    for (const std::vector<int>& n : nodes) p.members.insert(p.members.end(), n.begin(), n.end());
+    return p;
+  }
+  p.members.resize(size_t(P));
+  for (int r = 0; r < P; ++r) p.members[size_t(r)] = r;
+  p.note = "--ulysses " + std::to_string(ulysses) + ": the " + std::to_string(nodes.size()) + " nodes hold " + counts +
+           " ranks, not each a multiple of " + std::to_string(ulysses) +
+           ", so the groups are consecutive ranks and some span nodes (their all-to-all crosses the link between "
+           "nodes)";
+  return p;
+}
+
+std::vector<int> find_nodes(comm::Communicator& comm) {
+  const char* pretend = std::getenv("RINGATTN_TEST_NODES");
+  if (!pretend || !*pretend) return comm.node_of_ranks();
+  std::vector<int> nodes;
+  for (const char* c = pretend; *c;) {
+    char* end = nullptr;
+    const long id = std::strtol(c, &end, 10);
+    if (end == c)
+      throw std::invalid_argument(std::string("RINGATTN_TEST_NODES: '") + pretend + "' is not a list of node ids");
+    nodes.push_back(static_cast<int>(id));
+    c = *end == ',' ? end + 1 : end;
+  }
+  if (nodes.size() != size_t(comm.size()))
+    throw std::invalid_argument("RINGATTN_TEST_NODES lists " + std::to_string(nodes.size()) + " nodes for " +
+                                std::to_string(comm.size()) + " ranks");
+  return nodes;
+}
+
+ShardLayout hybrid_layout(comm::Communicator& comm, LayoutKind kind, int64_t seq_len, int ulysses) {
+  std::vector<int> members;
+  if (ulysses > 1) members = place_ulysses_groups(find_nodes(comm), ulysses).members;
+  return ShardLayout(kind, seq_len, comm.size(), ulysses, std::move(members));
+}
+
 UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses) {
   const int P = comm.size(), me = comm.rank();
   UlyssesGroups g;
   g.ulysses = ulysses;
   g.groups = P / ulysses;
-  g.group = me / ulysses;
-  g.member = me % ulysses;
-  if (ulysses == 1) return g;  // the plain ring: no group communicators
-  // Does some group span nodes while every node holds whole groups' worth of ranks? Then the
-  // launcher placed ranks round-robin, and the all-to-all crosses the slow link: say so.
-  std::vector<char> names(kHostNameBytes * static_cast<size_t>(P), 0);
-  char mine[kHostNameBytes] = {};
-  gethostname(mine, kHostNameBytes - 1);
-  comm.allgather(mine, names.data(), kHostNameBytes);
-  auto host = [&](int r) { return std::string(names.data() + kHostNameBytes * static_cast<size_t>(r)); };
-  for (int r = 0; r < P; ++r)
-    if (host(r) != host(r - r % ulysses)) g.groups_span_nodes = true;
+  if (ulysses == 1) {  // the plain ring: no group communicator, the ring over every rank
+    g.group = me;
+    return g;
+  }
+  g.placement = place_ulysses_groups(find_nodes(comm), ulysses);
+  const auto slot = std::find(g.placement.members.begin(), g.placement.members.end(), me) - g.placement.members.begin();
+  g.group = static_cast<int>(slot) / ulysses;
+  g.member = static_cast<int>(slot) % ulysses;
+  static std::atomic<bool> noted{false};
+  if (!g.placement.note.empty() && me == 0 && !noted.exchange(true))
+    std::fprintf(stderr, "ringattn: note: %s\n", g.placement.note.c_str());
+  for (int group = 0; group < g.groups; ++group)
+    g.ring_ranks.push_back(g.placement.members[size_t(group * ulysses + g.member)]);
   g.group_comm = comm.split(g.group, g.member);
-  g.ring_comm = comm.split(g.member, g.group);
   return g;
 }
 
 UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
                                    int64_t seq_len, const Mask& mask, const RingOptions& options, int ulysses)
+    : UlyssesAttention(comm, backend, layout, seq_len, mask, options,
+                       (check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
+                        std::make_shared<UlyssesGroups>(make_ulysses_groups(comm, ulysses)))) {}
+
+UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
+                                   int64_t seq_len, const Mask& mask, const RingOptions& options,
+                                   std::shared_ptr<UlyssesGroups> groups)
     : comm_(comm),
       backend_(backend),
       options_(options),
-      groups_((check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
-               make_ulysses_groups(comm, ulysses))),
-      layout_(layout, seq_len, comm.size(), ulysses),
+      groups_((check_ulysses(groups->ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
+               std::move(groups))),
+      layout_(layout, seq_len, comm.size(), groups_->ulysses, groups_->placement.members),
       group_layout_(layout_.group_layout()),
-      group_rows_(group_layout_.rows(groups_.group)),
+      group_rows_(group_layout_.rows(groups_->group)),
       positions_(layout_.positions(comm.rank())) {
+  const int ulysses = groups_->ulysses;
+  if (groups_->group_comm && backend.memory() == comm::MemorySpace::device &&
+      groups_->group_comm->memory() == comm::MemorySpace::host)
+    throw std::invalid_argument("UlyssesAttention: the " + std::string(backend.name()) +
+                                " backend's buffers are device memory, which the " + comm.name() +
+                                " communicator cannot move (wrap it in the host-staged communicator)");
   local_dims_ = options.dims;
   local_dims_.heads = options.dims.heads / ulysses;
   local_dims_.kv_heads = kv_heads(0).count;
   RingOptions ring_options = options;
   ring_options.dims = local_dims_;
-  ring_ = std::make_unique<RingAttention>(ring_comm(), backend, group_layout_, mask, ring_options);
+  ring_ = std::make_unique<RingAttention>(comm_, backend, group_layout_, mask, ring_options, groups_->ring_ranks);
 }
 
 UlyssesAttention::HeadSlice UlyssesAttention::query_heads(int j) const {
-  const int64_t n = options_.dims.heads / groups_.ulysses;
+  const int64_t n = options_.dims.heads / groups_->ulysses;
   return {j * n, n};
 }
 
 UlyssesAttention::HeadSlice UlyssesAttention::kv_heads(int j) const {
-  const int64_t Hkv = options_.dims.kv_heads, U = groups_.ulysses;
+  const int64_t Hkv = options_.dims.kv_heads, U = groups_->ulysses;
   if (Hkv >= U) return {j * (Hkv / U), Hkv / U};
   return {j / (U / Hkv), 1};  // replicated: members j with the same j / (U / Hkv) share a head
 }
 
-int64_t UlyssesAttention::member_begin(int j) const { return group_rows_ * j / groups_.ulysses; }  // as ShardLayout
+int64_t UlyssesAttention::member_begin(int j) const { return group_rows_ * j / groups_->ulysses; }  // as ShardLayout
 int64_t UlyssesAttention::member_rows(int j) const { return member_begin(j + 1) - member_begin(j); }
 
-void UlyssesAttention::exchange(const std::vector<uint8_t>& send, const std::vector<size_t>& send_bytes,
-                                std::vector<uint8_t>& recv, const std::vector<size_t>& recv_bytes) {
+UlyssesAttention::Resharding UlyssesAttention::tensor_resharding(int64_t heads, size_t elem, bool kv) const {
+  const int64_t B = options_.dims.batch, mine = (kv ? kv_heads(groups_->member) : query_heads(groups_->member)).count;
+  const size_t head_bytes = size_t(options_.dims.head_dim) * elem;
+  Resharding r;
+  r.rows_form = {B, rows(), heads, head_bytes};
+  r.heads_form = {B, group_rows_, mine, head_bytes};
+  for (int j = 0; j < groups_->ulysses; ++j) {
+    const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
+    r.of_rows.push_back({0, rows(), s.first, s.count});
+    r.of_heads.push_back({member_begin(j), member_rows(j), 0, mine});
+  }
+  r.replicated = kv && options_.dims.kv_heads < groups_->ulysses;
+  return r;
+}
+
+UlyssesAttention::Resharding UlyssesAttention::lse_resharding() const {
+  const int64_t B = options_.dims.batch, Hl = local_dims_.heads;
+  Resharding r;
+  r.rows_form = {B, options_.dims.heads, rows(), sizeof(float)};
+  r.heads_form = {B, Hl, group_rows_, sizeof(float)};
+  for (int j = 0; j < groups_->ulysses; ++j) {
+    r.of_rows.push_back({j * Hl, Hl, 0, rows()});
+    r.of_heads.push_back({0, Hl, member_begin(j), member_rows(j)});
+  }
+  return r;
+}
+
+void UlyssesAttention::copy_box(const Shape& shape, const Box& box, const void* src, void* dst, bool pack) {
+  const size_t row = size_t(shape.b) * shape.inner, width = size_t(box.nb) * shape.inner;
+  const size_t block_bytes = size_t(box.na) * width;  // per outer index
+  const size_t box_start = size_t(box.a0) * row + size_t(box.b0) * shape.inner;
+  // Rows of `w` bytes, `height` of them, from the tensor's box to the block (pack) or back.
+  auto copy = [&](size_t tensor_pitch, size_t block_pitch, size_t w, size_t height, size_t t_off, size_t b_off) {
+    if (height == 1) tensor_pitch = block_pitch = w;  // no pitch to respect (CUDA caps pitches at 2^31)
+    const char* from = static_cast<const char*>(src) + (pack ? box_start + t_off : b_off);
+    char* to = static_cast<char*>(dst) + (pack ? b_off : box_start + t_off);
+    backend_.copy_2d(to, pack ? block_pitch : tensor_pitch, from, pack ? tensor_pitch : block_pitch, w, height);
+  };
+  const size_t outer_bytes = size_t(shape.a) * row;
+  if (box.nb == shape.b)  // whole rows: one contiguous run per outer index
+    copy(outer_bytes, block_bytes, block_bytes, size_t(shape.outer), 0, 0);
+  else if (box.na == shape.a)  // every row of every outer index: equally spaced
+    copy(row, width, width, size_t(shape.outer * shape.a), 0, 0);
+  else
+    for (int64_t o = 0; o < shape.outer; ++o)
+      copy(row, width, width, size_t(box.na), size_t(o) * outer_bytes, size_t(o) * block_bytes);
+}
+
+void UlyssesAttention::reserve(DeviceBuffer& buffer, size_t bytes) {
+  if (buffer.bytes() < bytes) buffer = DeviceBuffer(backend_, bytes);
+}
+
+void UlyssesAttention::reshard(const Resharding& r, Direction direction, const void* src, void* dst) {
+  const int U = groups_->ulysses;
+  const bool to_heads = direction == Direction::to_heads;
+  const Shape& from = to_heads ? r.rows_form : r.heads_form;
+  const Shape& to = to_heads ? r.heads_form : r.rows_form;
+  const std::vector<Box>& sent = to_heads ? r.of_rows : r.of_heads;
+  const std::vector<Box>& received = to_heads ? r.of_heads : r.of_rows;
+  auto bytes_of = [](const Shape& s, const Box& b) { return size_t(s.outer * b.na * b.nb) * s.inner; };
+  std::vector<size_t> send_bytes(size_t(U), 0), recv_bytes(size_t(U), 0), recv_offset(size_t(U), 0);
+  size_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < U; ++j) {
+    send_bytes[size_t(j)] = bytes_of(from, sent[size_t(j)]);
+    recv_bytes[size_t(j)] = bytes_of(to, received[size_t(j)]);
+    send_total += send_bytes[size_t(j)];
+    recv_offset[size_t(j)] = recv_total;
+    recv_total += recv_bytes[size_t(j)];
+    if (j != groups_->member) a2a_bytes_ += send_bytes[size_t(j)];
+  }
+  reserve(send_, send_total);
+  reserve(recv_, recv_total);
+  char* packed = send_.as<char>();
+  for (int j = 0; j < U; ++j) {
+    copy_box(from, sent[size_t(j)], src, packed, true);  // pack
+    packed += send_bytes[size_t(j)];
+  }
+  backend_.synchronize();  // the communicator reads the blocks as soon as it is called
+  // The exchange alone counts as communication (waiting included: it starts when the group's
+  // last member arrives); packing and unpacking are copies on the backend, like the ring's.
   const double t0 = comm::now_seconds();
-  comm::Communicator& group = *groups_.group_comm;
-  for (int j = 0; j < groups_.ulysses; ++j)
-    if (j != groups_.member) a2a_bytes_ += send_bytes[size_t(j)];
-  if (group.memory() == comm::MemorySpace::host) {
-    group.alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
-  } else {  // a device-memory communicator (NCCL): stage through backend memory
-    DeviceBuffer s = to_backend(send.data(), send.size());
-    DeviceBuffer r(backend_, recv.size());
-    group.alltoallv(s.data(), send_bytes, r.data(), recv_bytes);
-    if (!recv.empty()) backend_.download(recv.data(), r.data(), recv.size());
-  }
+  groups_->group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
   a2a_seconds_ += comm::now_seconds() - t0;
-}
-
-const void* UlyssesAttention::host_view(const void* p, size_t bytes, std::vector<uint8_t>& staging) {
-  if (backend_.memory() == comm::MemorySpace::host) return p;
-  staging.resize(bytes);
-  if (bytes) backend_.download(staging.data(), p, bytes);
-  return staging.data();
-}
-
-DeviceBuffer UlyssesAttention::to_backend(const void* host, size_t bytes) {
-  DeviceBuffer b(backend_, bytes);
-  if (bytes) backend_.upload(b.data(), host, bytes);
-  return b;
-}
-
-std::vector<uint8_t> UlyssesAttention::rows_to_heads(const void* x, int64_t heads, size_t elem, bool kv) {
-  const int U = groups_.ulysses, me = groups_.member;
-  const int64_t B = options_.dims.batch, D = options_.dims.head_dim, rows = this->rows();
-  const size_t head_bytes = size_t(D) * elem;
-  std::vector<uint8_t> staging;
-  const uint8_t* src = static_cast<const uint8_t*>(host_view(x, size_t(B * rows * heads) * head_bytes, staging));
-  // Block j: (B, rows, slice of member j, D).
-  std::vector<size_t> send_bytes(static_cast<size_t>(U)), recv_bytes(static_cast<size_t>(U));
-  const int64_t mine = (kv ? kv_heads(me) : query_heads(me)).count;
-  for (int j = 0; j < U; ++j) {
-    const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
-    send_bytes[size_t(j)] = size_t(B * rows * s.count) * head_bytes;
-    recv_bytes[size_t(j)] = size_t(B * member_rows(j) * mine) * head_bytes;
+  // Copies of a replicated K/V head come back from consecutive members: their fp32 gradients are
+  // summed in member order into the first block, which then goes in place once.
+  char* blocks = recv_.as<char>();
+  for (int i = 0; i < U;) {
+    int last = i;
+    while (!to_heads && r.replicated && last + 1 < U && received[size_t(last + 1)] == received[size_t(i)]) {
+      ++last;
+      backend_.add(reinterpret_cast<float*>(blocks + recv_offset[size_t(i)]),
+                   reinterpret_cast<const float*>(blocks + recv_offset[size_t(last)]),
+                   recv_bytes[size_t(i)] / sizeof(float));
+    }
+    copy_box(to, received[size_t(i)], blocks + recv_offset[size_t(i)], dst, false);  // unpack
+    i = last + 1;
   }
-  std::vector<uint8_t> send(size_t(B * rows) * size_t(U) * size_t(mine) * head_bytes), recv;
-  size_t offset = 0;
-  for (int j = 0; j < U; ++j) {
-    const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t r = 0; r < rows; ++r) {
-        const size_t bytes = size_t(s.count) * head_bytes;
-        std::memcpy(send.data() + offset, src + (size_t((b * rows + r) * heads + s.first)) * head_bytes, bytes);
-        offset += bytes;
-      }
-  }
-  size_t recv_total = 0;
-  for (size_t n : recv_bytes) recv_total += n;
-  recv.resize(recv_total);
-  exchange(send, send_bytes, recv, recv_bytes);
-  // Block i: (B, rows of member i, mine, D) -> rows [begin(i), ...) of (B, group rows, mine, D).
-  std::vector<uint8_t> out(size_t(B * group_rows_ * mine) * head_bytes);
-  const size_t row_bytes = size_t(mine) * head_bytes;
-  offset = 0;
-  for (int i = 0; i < U; ++i)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t r = 0; r < member_rows(i); ++r) {
-        std::memcpy(out.data() + size_t(b * group_rows_ + member_begin(i) + r) * row_bytes, recv.data() + offset,
-                    row_bytes);
-        offset += row_bytes;
-      }
-  return out;
-}
-
-void UlyssesAttention::heads_to_rows(const float* x, int64_t heads, bool kv, float* out) {
-  const int U = groups_.ulysses, me = groups_.member;
-  const int64_t B = options_.dims.batch, D = options_.dims.head_dim, rows = this->rows();
-  const int64_t mine = (kv ? kv_heads(me) : query_heads(me)).count;
-  std::vector<uint8_t> staging;
-  const float* src =
-      static_cast<const float*>(host_view(x, sizeof(float) * size_t(B * group_rows_ * mine * D), staging));
-  std::vector<size_t> send_bytes(static_cast<size_t>(U)), recv_bytes(static_cast<size_t>(U));
-  for (int j = 0; j < U; ++j) {
-    const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
-    send_bytes[size_t(j)] = sizeof(float) * size_t(B * member_rows(j) * mine * D);
-    recv_bytes[size_t(j)] = sizeof(float) * size_t(B * rows * s.count * D);
-  }
-  // Block i: (B, rows of member i, mine, D), taken from the head-sharded rows.
-  std::vector<uint8_t> send(sizeof(float) * size_t(B * group_rows_ * mine * D)), recv;
-  const size_t row_bytes = sizeof(float) * size_t(mine * D);
-  size_t offset = 0;
-  for (int i = 0; i < U; ++i)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t r = 0; r < member_rows(i); ++r) {
-        std::memcpy(send.data() + offset, src + size_t(b * group_rows_ + member_begin(i) + r) * size_t(mine * D),
-                    row_bytes);
-        offset += row_bytes;
-      }
-  size_t recv_total = 0;
-  for (size_t n : recv_bytes) recv_total += n;
-  recv.resize(recv_total);
-  exchange(send, send_bytes, recv, recv_bytes);
-  // Block j: (B, rows, slice of member j, D) -> heads of this rank's (B, rows, heads, D). Copies of
-  // a replicated K/V head are summed in member order (deterministic).
-  std::vector<float> result(size_t(B * rows * heads * D), 0.0f);
-  const float* in = reinterpret_cast<const float*>(recv.data());
-  for (int j = 0; j < U; ++j) {
-    const HeadSlice s = kv ? kv_heads(j) : query_heads(j);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = result.data() + size_t((b * rows + r) * heads + s.first) * size_t(D);
-        for (int64_t e = 0; e < s.count * D; ++e) dst[e] += in[e];
-        in += s.count * D;
-      }
-  }
-  if (!result.empty()) backend_.upload(out, result.data(), sizeof(float) * result.size());
-}
-
-std::vector<float> UlyssesAttention::lse_to_heads(const float* lse) {
-  const int U = groups_.ulysses;
-  const int64_t B = options_.dims.batch, H = options_.dims.heads, Hl = local_dims_.heads, rows = this->rows();
-  std::vector<uint8_t> staging;
-  const float* src = static_cast<const float*>(host_view(lse, sizeof(float) * size_t(B * H * rows), staging));
-  std::vector<size_t> send_bytes(static_cast<size_t>(U)), recv_bytes(static_cast<size_t>(U));
-  std::vector<uint8_t> send(sizeof(float) * size_t(B * H * rows)), recv(sizeof(float) * size_t(B * Hl * group_rows_));
-  float* s = reinterpret_cast<float*>(send.data());
-  for (int j = 0; j < U; ++j) {  // block j: (B, H/U heads of member j, rows)
-    send_bytes[size_t(j)] = sizeof(float) * size_t(B * Hl * rows);
-    recv_bytes[size_t(j)] = sizeof(float) * size_t(B * Hl * member_rows(j));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hl; ++h, s += rows)
-        std::copy_n(src + size_t((b * H + j * Hl + h) * rows), rows, s);
-  }
-  exchange(send, send_bytes, recv, recv_bytes);
-  std::vector<float> out(size_t(B * Hl * group_rows_));
-  const float* in = reinterpret_cast<const float*>(recv.data());
-  for (int i = 0; i < U; ++i)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hl; ++h, in += member_rows(i))
-        std::copy_n(in, member_rows(i), out.data() + size_t((b * Hl + h) * group_rows_ + member_begin(i)));
-  return out;
-}
-
-void UlyssesAttention::lse_to_rows(const float* x, float* out) {
-  const int U = groups_.ulysses;
-  const int64_t B = options_.dims.batch, H = options_.dims.heads, Hl = local_dims_.heads, rows = this->rows();
-  std::vector<uint8_t> staging;
-  const float* src = static_cast<const float*>(host_view(x, sizeof(float) * size_t(B * Hl * group_rows_), staging));
-  std::vector<size_t> send_bytes(static_cast<size_t>(U)), recv_bytes(static_cast<size_t>(U));
-  std::vector<uint8_t> send(sizeof(float) * size_t(B * Hl * group_rows_)), recv(sizeof(float) * size_t(B * H * rows));
-  float* s = reinterpret_cast<float*>(send.data());
-  for (int i = 0; i < U; ++i) {  // block i: (B, H/U, rows of member i)
-    send_bytes[size_t(i)] = sizeof(float) * size_t(B * Hl * member_rows(i));
-    recv_bytes[size_t(i)] = sizeof(float) * size_t(B * Hl * rows);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hl; ++h, s += member_rows(i))
-        std::copy_n(src + size_t((b * Hl + h) * group_rows_ + member_begin(i)), member_rows(i), s);
-  }
-  exchange(send, send_bytes, recv, recv_bytes);
-  std::vector<float> result(size_t(B * H * rows));
-  const float* in = reinterpret_cast<const float*>(recv.data());
-  for (int j = 0; j < U; ++j)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hl; ++h, in += rows) std::copy_n(in, rows, result.data() + size_t((b * H + j * Hl + h) * rows));
-  if (!result.empty()) backend_.upload(out, result.data(), sizeof(float) * result.size());
+  backend_.synchronize();
 }
 
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
-  if (groups_.ulysses == 1) return ring_->forward(q, k, v, o, lse);
+  if (groups_->ulysses == 1) return ring_->forward(q, k, v, o, lse);
   const double t0 = comm::now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
   const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
-  std::vector<uint8_t> x = rows_to_heads(q, H, elem, false);
-  q_heads_ = to_backend(x.data(), x.size());
-  x = rows_to_heads(k, Hkv, elem, true);
-  k_heads_ = to_backend(x.data(), x.size());
-  x = rows_to_heads(v, Hkv, elem, true);
-  v_heads_ = to_backend(x.data(), x.size());
-  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, D = local_dims_.head_dim;
-  o_heads_ = DeviceBuffer(backend_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
-  lse_heads_ = DeviceBuffer(backend_, sizeof(float) * size_t(B * Hl * group_rows_));
+  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
+  const Resharding rq = tensor_resharding(H, elem, false), rkv = tensor_resharding(Hkv, elem, true);
+  reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));
+  reserve(k_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+  reserve(v_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+  reserve(o_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
+  reserve(lse_heads_, sizeof(float) * size_t(B * Hl * group_rows_));
+  reshard(rq, Direction::to_heads, q, q_heads_.data());
+  reshard(rkv, Direction::to_heads, k, k_heads_.data());
+  reshard(rkv, Direction::to_heads, v, v_heads_.data());
   PassStats stats = ring_->forward(q_heads_.data(), k_heads_.data(), v_heads_.data(), o_heads_.as<float>(),
                                    lse_heads_.as<float>());
-  heads_to_rows(o_heads_.as<float>(), H, false, o);
-  lse_to_rows(lse_heads_.as<float>(), lse);
+  reshard(tensor_resharding(H, sizeof(float), false), Direction::to_rows, o_heads_.data(), o);
+  reshard(lse_resharding(), Direction::to_rows, lse_heads_.data(), lse);
   forward_args_[0] = q, forward_args_[1] = k, forward_args_[2] = v, forward_args_[3] = o, forward_args_[4] = lse;
   stats.wait_seconds += a2a_seconds_;
   stats.seconds = comm::now_seconds() - t0;
@@ -282,38 +283,41 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
 PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
                                      const void* dout, float* dq, float* dk, float* dv) {
   ring_->on_step = on_step;
-  if (groups_.ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
+  if (groups_->ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
   const double t0 = comm::now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
   const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
+  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
+  const Resharding rq = tensor_resharding(H, elem, false), rkv = tensor_resharding(Hkv, elem, true);
+  const Resharding rq32 = tensor_resharding(H, sizeof(float), false);
+  const Resharding rkv32 = tensor_resharding(Hkv, sizeof(float), true);
   const void* args[5] = {q, k, v, o, lse};
   if (!std::equal(args, args + 5, forward_args_)) {  // not the last forward's tensors: exchange them
-    std::vector<uint8_t> x = rows_to_heads(q, H, elem, false);
-    q_heads_ = to_backend(x.data(), x.size());
-    x = rows_to_heads(k, Hkv, elem, true);
-    k_heads_ = to_backend(x.data(), x.size());
-    x = rows_to_heads(v, Hkv, elem, true);
-    v_heads_ = to_backend(x.data(), x.size());
-    x = rows_to_heads(o, H, sizeof(float), false);
-    o_heads_ = to_backend(x.data(), x.size());
-    const std::vector<float> l = lse_to_heads(lse);
-    lse_heads_ = to_backend(l.data(), sizeof(float) * l.size());
+    reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));
+    reserve(k_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+    reserve(v_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+    reserve(o_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
+    reserve(lse_heads_, sizeof(float) * size_t(B * Hl * group_rows_));
+    reshard(rq, Direction::to_heads, q, q_heads_.data());
+    reshard(rkv, Direction::to_heads, k, k_heads_.data());
+    reshard(rkv, Direction::to_heads, v, v_heads_.data());
+    reshard(rq32, Direction::to_heads, o, o_heads_.data());
+    reshard(lse_resharding(), Direction::to_heads, lse, lse_heads_.data());
     std::copy(args, args + 5, forward_args_);
   }
-  std::vector<uint8_t> x = rows_to_heads(dout, H, elem, false);
-  DeviceBuffer dout_heads = to_backend(x.data(), x.size());
-  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
-  DeviceBuffer dq_heads(backend_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
-  DeviceBuffer dk_heads(backend_, sizeof(float) * size_t(B * group_rows_ * Hkvl * D));
-  DeviceBuffer dv_heads(backend_, sizeof(float) * size_t(B * group_rows_ * Hkvl * D));
+  reserve(dout_heads_, elem * size_t(B * group_rows_ * Hl * D));
+  reserve(dq_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
+  reserve(dk_heads_, sizeof(float) * size_t(B * group_rows_ * Hkvl * D));
+  reserve(dv_heads_, sizeof(float) * size_t(B * group_rows_ * Hkvl * D));
+  reshard(rq, Direction::to_heads, dout, dout_heads_.data());
   PassStats stats = ring_->backward(q_heads_.data(), k_heads_.data(), v_heads_.data(), o_heads_.as<float>(),
-                                    lse_heads_.as<float>(), dout_heads.data(), dq_heads.as<float>(),
-                                    dk_heads.as<float>(), dv_heads.as<float>());
-  heads_to_rows(dq_heads.as<float>(), H, false, dq);
-  heads_to_rows(dk_heads.as<float>(), Hkv, true, dk);
-  heads_to_rows(dv_heads.as<float>(), Hkv, true, dv);
+                                    lse_heads_.as<float>(), dout_heads_.data(), dq_heads_.as<float>(),
+                                    dk_heads_.as<float>(), dv_heads_.as<float>());
+  reshard(rq32, Direction::to_rows, dq_heads_.data(), dq);
+  reshard(rkv32, Direction::to_rows, dk_heads_.data(), dk);
+  reshard(rkv32, Direction::to_rows, dv_heads_.data(), dv);
   stats.wait_seconds += a2a_seconds_;
   stats.seconds = comm::now_seconds() - t0;
   return stats;

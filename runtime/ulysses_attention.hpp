@@ -1,13 +1,16 @@
 // Hybrid sequence parallelism (SPEC.md "Hybrid parallelism", --ulysses U): DeepSpeed-Ulysses'
 // all-to-all inside groups of U ranks, the ring across the P/U groups.
 //
-// Groups. The P ranks form G = P/U groups of U consecutive ranks: group g is ranks gU .. gU + U - 1
-// and member u of it is rank gU + u. Launchers place consecutive ranks on one node (Open MPI's
-// default --map-by slot/core, Slurm's block distribution), so with nodes of a multiple of U ranks
-// a group is the ranks of one node and the all-to-all stays on the fast intra-node link.
-// (Consecutive ranks rather than MPI_Comm_split_type: the layout, the --check and the output
-// files then know every rank's rows from its rank alone.) groups_span_nodes says when a group
-// crosses nodes (e.g. round-robin placement), for a warning.
+// Groups. The P ranks form G = P/U groups of U ranks (place_ulysses_groups). By default a group is
+// U ranks of one node (the nodes from MPI_Comm_split_type, Communicator::node_of_ranks), so the
+// all-to-all stays on the fast intra-node link whatever order the launcher gave the ranks
+// (round-robin placement included); this needs every node to hold a multiple of U ranks, and
+// otherwise the groups are U consecutive ranks (some then span nodes: a note says so, once, on
+// rank 0). Groups are numbered node by node (nodes in the order of their least rank), so the
+// ring across them crosses nodes as few times as the placement allows; with one node, or
+// consecutive ranks per node (Open MPI's default --map-by slot, Slurm's block distribution),
+// group g is ranks gU .. gU + U - 1. ShardLayout holds the placement, so the layout, the
+// --check and the output files know every rank's rows.
 //
 // Sharding (ShardLayout with ulysses U). The sequence is laid out over the G groups by the
 // layout (zigzag etc., so the load balance of the ring holds); inside group g, member u holds the
@@ -18,10 +21,17 @@
 // (B, group rows, H/U, D): member u receives heads [u H/U, (u+1) H/U) of every row of the group;
 // K and V likewise with Hkv/U heads. When Hkv < U (U a multiple of Hkv), each K/V head is
 // replicated to the U/Hkv members whose query heads use it, as DeepSpeed does, and the
-// all-to-all carries the copies. The ring then runs over the communicator of the G ranks with
-// this member index (one per group) on H/U heads, with the plain RingAttention; an all-to-all
-// turns O (and LSE) back. Backward: dO goes in the same way, dQ, dK and dV come back, and the
-// gradients of a replicated K/V head are summed over its copies in member order.
+// all-to-all carries the copies. The ring then runs across the groups on H/U heads, with the
+// plain RingAttention over the ranks with this member index (one per group, in group order),
+// on the job's communicator itself: a rank holds two communicators, the job's and its group's
+// (split from it; on NCCL, ncclCommSplit). An all-to-all turns O (and LSE) back. Backward: dO
+// goes in the same way, dQ, dK and dV come back, and the gradients of a replicated K/V head are
+// summed over its copies in member order.
+//
+// The all-to-alls work on backend memory: the per-member blocks are packed and unpacked with
+// strided copies on the backend (AttentionBackend::copy_2d: cudaMemcpy2DAsync on a GPU) and move
+// over the group's communicator (NCCL: grouped ncclSend/ncclRecv on the device; MPI on host
+// memory; the host-staged communicator for the CUDA backend over MPI).
 //
 // No rank holds a whole-sequence tensor: the head-sharded tensors have the group's rows
 // (U times this rank's) and 1/U of the heads.
@@ -30,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -43,13 +54,33 @@ namespace ringattn {
 // ranks P, the heads H not divisible by U, or Hkv neither a multiple nor a divisor of U.
 void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads);
 
-// The groups of `comm` (collective over it): this rank's group and member index, the
-// communicator of its group (U ranks, ordered by member) and that of its ring (G ranks, one per
+// Which ranks form the groups.
+struct UlyssesPlacement {
+  std::vector<int> members;  // members[g U + u]: the rank of member u of group g
+  bool node_local = true;    // every group lies in one node
+  std::string note;          // why not, when not ("" otherwise)
+};
+// From the node of every rank (ids: equal for ranks that share a node): when every node holds a
+// multiple of U ranks, each group is U ranks of one node in rank order, groups numbered node by
+// node (nodes in the order of their least rank); otherwise groups of U consecutive ranks.
+UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int ulysses);
+// The node of every rank of `comm` (collective): Communicator::node_of_ranks; or, when the
+// environment variable RINGATTN_TEST_NODES is set, the node ids it lists (comma-separated, one
+// per rank), so that tests on one machine can place ranks on pretend nodes.
+std::vector<int> find_nodes(comm::Communicator& comm);
+// The sharding of seq_len positions over the ranks of `comm` with the groups placed as above
+// (ulysses = 1: the plain layout). Collective over comm when ulysses > 1. The jobs build their
+// inputs, outputs and checks on it, so that they hold the rows the library's context gives them.
+ShardLayout hybrid_layout(comm::Communicator& comm, LayoutKind kind, int64_t seq_len, int ulysses);
+
+// The groups of `comm` (collective over it): this rank's group and member index, the placement,
+// the communicator of its group (U ranks, ordered by member) and the ranks of its ring (one per
 // group, ordered by group).
 struct UlyssesGroups {
   int ulysses = 1, groups = 1, group = 0, member = 0;
-  bool groups_span_nodes = false;
-  std::unique_ptr<comm::Communicator> group_comm, ring_comm;
+  UlyssesPlacement placement;
+  std::unique_ptr<comm::Communicator> group_comm;
+  std::vector<int> ring_ranks;
 };
 UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses);
 
@@ -57,29 +88,39 @@ UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses);
 // hold one kind of object whatever --ulysses says.
 class UlyssesAttention {
  public:
-  // `options.dims` are the whole problem's (H, Hkv heads); check_ulysses must hold. The groups'
-  // communicators keep the settings (timeout, link emulation) of `comm` unless set afterwards.
+  // `options.dims` are the whole problem's (H, Hkv heads); check_ulysses must hold. Collective
+  // over `comm` (finds the nodes, splits the groups' communicators, which keep the settings of
+  // `comm`, timeout and link emulation, unless set afterwards). The rows this rank must hold are
+  // positions(), of layout(): with U > 1 they depend on the placement of the ranks on nodes, so
+  // take them from here rather than from a ShardLayout of one's own. A communicator on host
+  // memory with a device backend is refused (std::invalid_argument): wrap it in the host-staged
+  // one.
   UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
                    const Mask& mask, const RingOptions& options, int ulysses);
+  // The same over groups made before (make_ulysses_groups over `comm`) and shared with other
+  // UlyssesAttention objects used one at a time, so that their number does not multiply the
+  // communicators (the library's plans share one group communicator).
+  UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
+                   const Mask& mask, const RingOptions& options, std::shared_ptr<UlyssesGroups> groups);
 
-  int ulysses() const { return groups_.ulysses; }
-  int group() const { return groups_.group; }
-  int member() const { return groups_.member; }
-  // With U = 1 there is no group communicator (nullptr) and the ring runs over `comm` itself.
-  comm::Communicator* group_comm() { return groups_.group_comm.get(); }
-  comm::Communicator& ring_comm() { return groups_.group_comm ? *groups_.ring_comm : comm_; }
-  // The ring across groups (H/U heads, the group's rows).
+  int ulysses() const { return groups_->ulysses; }
+  int group() const { return groups_->group; }
+  int member() const { return groups_->member; }
+  // With U = 1 there is no group communicator (nullptr). The ring always runs over `comm`.
+  comm::Communicator* group_comm() { return groups_->group_comm.get(); }
+  // The ring across groups (H/U heads, the group's rows; RingAttention::rank_at names its ranks).
   RingAttention& ring() { return *ring_; }
   const ShardLayout& layout() const { return layout_; }              // over the P ranks
   const ShardLayout& group_layout() const { return group_layout_; }  // over the G groups
-  bool groups_span_nodes() const { return groups_.groups_span_nodes; }
+  const UlyssesPlacement& placement() const { return groups_->placement; }
 
   int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
   const std::vector<int64_t>& positions() const { return positions_; }
   // K/V bytes the ring part must receive (RingAttention::bytes_needed on H/U heads).
   uint64_t bytes_needed() const { return ring_->bytes_needed(); }
   // Payload this rank sent to other members in the all-to-alls of the last pass, and the time
-  // spent in them (not overlapped with compute: exposed communication).
+  // spent in their exchanges (not overlapped with compute: exposed communication; the packing
+  // and unpacking copies around them are not counted).
   uint64_t a2a_bytes_sent() const { return a2a_bytes_; }
   double a2a_seconds() const { return a2a_seconds_; }
 
@@ -105,24 +146,42 @@ class UlyssesAttention {
   int64_t member_rows(int j) const;
   int64_t member_begin(int j) const;
 
-  // (B, rows, heads, D) of this rank -> (B, group rows, slice, D), element of `elem` bytes.
-  std::vector<uint8_t> rows_to_heads(const void* x, int64_t heads, size_t elem, bool kv);
-  // (B, group rows, slice, D) fp32 -> this rank's (B, rows, heads, D), summed over replicas.
-  void heads_to_rows(const float* x, int64_t heads, bool kv, float* out);
-  // LSE (B, H, rows) <-> (B, H/U, group rows).
-  std::vector<float> lse_to_heads(const float* lse);
-  void lse_to_rows(const float* x, float* out);
-  void exchange(const std::vector<uint8_t>& send, const std::vector<size_t>& send_bytes, std::vector<uint8_t>& recv,
-                const std::vector<size_t>& recv_bytes);
-
-  // Backend memory <-> host (a plain view on the CPU backend).
-  const void* host_view(const void* p, size_t bytes, std::vector<uint8_t>& staging);
-  DeviceBuffer to_backend(const void* host, size_t bytes);
+  // A tensor seen as (outer, a, b, inner bytes), row-major, and a box of it: [a0, a0 + na) x
+  // [b0, b0 + nb) for every outer index. (B, rows, heads, D) is (B, rows, heads, D x element);
+  // LSE (B, heads, rows) is (B, heads, rows, 4).
+  struct Shape {
+    int64_t outer, a, b;
+    size_t inner;
+  };
+  struct Box {
+    int64_t a0, na, b0, nb;
+    bool operator==(const Box&) const = default;
+  };
+  // One tensor in both of its forms: sequence-sharded (this rank's rows, every head) and
+  // head-sharded (the group's rows, this member's heads), with member j's box in each: its heads
+  // of this rank's rows, and its rows of this rank's heads. The all-to-all to heads sends the
+  // first boxes and receives into the second; the one back does the opposite.
+  struct Resharding {
+    Shape rows_form, heads_form;
+    std::vector<Box> of_rows, of_heads;  // by member
+    bool replicated = false;             // K/V heads copied to several members: their copies are summed back
+  };
+  Resharding tensor_resharding(int64_t heads, size_t elem, bool kv) const;  // (B, rows, heads, D)
+  Resharding lse_resharding() const;                                         // (B, H, rows)
+  enum class Direction { to_heads, to_rows };
+  // Moves `src` (backend memory, the form the direction starts from) into `dst` (the other
+  // form) by one all-to-all in the group; the exchange's time and bytes go to the counters.
+  void reshard(const Resharding& r, Direction direction, const void* src, void* dst);
+  // pack: the box of the tensor `src` into the dense (outer, na, nb, inner) block `dst`; else the
+  // block `src` into the box of the tensor `dst`. Strided copies on the backend.
+  void copy_box(const Shape& shape, const Box& box, const void* src, void* dst, bool pack);
+  // `buffer` holds at least `bytes` (grown, never shrunk, between passes).
+  void reserve(DeviceBuffer& buffer, size_t bytes);
 
   comm::Communicator& comm_;
   AttentionBackend& backend_;
   RingOptions options_;
-  UlyssesGroups groups_;
+  std::shared_ptr<UlyssesGroups> groups_;
   ShardLayout layout_;
   ShardLayout group_layout_;
   int64_t group_rows_;
@@ -132,6 +191,8 @@ class UlyssesAttention {
 
   // Head-sharded tensors of the last forward, in backend memory, and the arguments they came from.
   DeviceBuffer q_heads_, k_heads_, v_heads_, o_heads_, lse_heads_;
+  DeviceBuffer dout_heads_, dq_heads_, dk_heads_, dv_heads_;  // backward's
+  DeviceBuffer send_, recv_;                                   // the all-to-all's packed blocks
   const void* forward_args_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   uint64_t a2a_bytes_ = 0;
   double a2a_seconds_ = 0.0;

@@ -474,6 +474,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "out of memory";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue:
+      return "invalid pitch argument";
     case cudaErrorNoDevice:
       return "no CUDA-capable device is detected";
     default:

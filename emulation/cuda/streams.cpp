@@ -160,6 +160,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (cudaError_t e = drain(stream); e != cudaSuccess) return e;
   return cudaMemcpy(dst, src, bytes, kind);
 }
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (cudaError_t e = drain(stream); e != cudaSuccess) return e;
+  for (size_t r = 0; r < height && width > 0; ++r)
+    if (cudaError_t e = cudaMemcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                                   width, kind);
+        e != cudaSuccess)
+      return e;
+  return cudaSuccess;
+}
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   std::memset(p, value, bytes);
   return cudaSuccess;

@@ -18,10 +18,16 @@
 //     returns at once and ends the communicator's pending work;
 //   - one rank per device: two ranks of a communicator on one node with the same device is
 //     ncclInvalidUsage at init;
-//   - a receive smaller than its send is an asynchronous error (ncclCommGetAsyncError).
+//   - a receive smaller than its send is an asynchronous error (ncclCommGetAsyncError);
+//   - ncclCommSplit: collective over the parent (which must have no operation outstanding);
+//     ranks of one color form the new communicator, ranked by key, ties by their rank in the
+//     parent; NCCL_SPLIT_NOCOLOR gets NULL; a negative color other than that is
+//     ncclInvalidArgument; config NULL inherits the parent's (blocking or not); the new
+//     communicator keeps the parent's device, and joins as init does (ncclInProgress until every
+//     member has, when non-blocking).
 // What is not: timing and bandwidth, NCCL's memory model (buffers are host memory, operations
-// take effect only when the host polls them), communicators that do not span MPI_COMM_WORLD in
-// rank order of MPI's world (init requires nranks == the world's size), ncclCommSplit, and
+// take effect only when the host polls them), communicators made by init that do not span
+// MPI_COMM_WORLD in rank order of MPI's world (init requires nranks == the world's size), and
 // NCCL's own failure modes (network, proxy threads).
 #pragma once
 
@@ -33,6 +39,7 @@
 #define NCCL_MINOR 99
 #define NCCL_PATCH 0
 #define NCCL_UNIQUE_ID_BYTES 128
+#define NCCL_SPLIT_NOCOLOR -1
 
 struct ncclComm;
 typedef ncclComm* ncclComm_t;
@@ -87,6 +94,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);

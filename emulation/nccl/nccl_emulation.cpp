@@ -8,12 +8,18 @@
 // before it on that stream is complete: issue order) and is done when they are. Point-to-point
 // operations of one communicator use one tag, so MPI's non-overtaking rule matches the n-th send
 // of a pair to the n-th receive, as NCCL does.
+//
+// ncclCommSplit gathers every parent rank's (color, key) with MPI_Iallgather over the parent;
+// once that completes, each member makes the new MPI communicator of its color's ranks in (key,
+// parent rank) order with MPI_Comm_create_group (a collective over the members alone, all of
+// which have entered the split), and joins it as init does.
 #include "emulation/nccl/nccl.h"
 
 #include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -27,6 +33,7 @@
 namespace {
 
 constexpr int kPointToPointTag = 7;
+constexpr int kSplitTag = 11;  // MPI_Comm_create_group's
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -76,9 +83,10 @@ MPI_Op mpi_op(ncclRedOp_t op) {
 
 // What outlives a communicator handle: the work queued on streams refers to this.
 struct State {
-  enum Phase { duplicating, exchanging, ready, finalizing, finalized, failed, aborted, destroyed };
+  enum Phase { duplicating, splitting, exchanging, ready, finalizing, finalized, failed, aborted, destroyed };
   Phase phase = duplicating;
   int rank = 0, nranks = 1, device = 0;
+  bool blocking = true;  // its configuration, which a split inherits
   MPI_Comm mpi = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;  // the join or finalize in progress
   ncclResult_t async = ncclInProgress;
@@ -90,6 +98,13 @@ struct State {
   Join mine{};
   std::vector<Join> all;
   int64_t id = 0;
+  // A split in progress: every parent rank's (color, key), gathered over the parent's MPI comm.
+  struct SplitEntry {
+    int64_t color, key;
+  };
+  MPI_Comm parent = MPI_COMM_NULL;
+  SplitEntry split_mine{};
+  std::vector<SplitEntry> split_all;
 
   bool usable() const { return phase == ready || phase == finalizing || phase == finalized; }
   void fail(ncclResult_t r, const std::string& message) {
@@ -193,6 +208,27 @@ void advance(State& s) {
     return;
   }
   if (!flag) return;
+  if (s.phase == State::splitting) {
+    // The members of this color in (key, parent rank) order: this rank's place is its new rank.
+    std::vector<int> members;
+    for (int r = 0; r < int(s.split_all.size()); ++r)
+      if (s.split_all[size_t(r)].color == s.split_mine.color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return s.split_all[size_t(a)].key < s.split_all[size_t(b)].key; });
+    int parent_rank = 0;
+    MPI_Comm_rank(s.parent, &parent_rank);
+    s.nranks = int(members.size());
+    s.rank = int(std::find(members.begin(), members.end(), parent_rank) - members.begin());
+    s.mine.rank = s.rank;
+    MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(s.parent, &parent_group);
+    MPI_Group_incl(parent_group, s.nranks, members.data(), &group);
+    const int made = MPI_Comm_create_group(s.parent, group, kSplitTag, &s.mpi);
+    MPI_Group_free(&group);
+    MPI_Group_free(&parent_group);
+    if (made != MPI_SUCCESS) return s.fail(ncclSystemError, "emulated NCCL: ncclCommSplit could not make its MPI comm");
+    s.phase = State::duplicating;  // made: join it as init does
+  }
   if (s.phase == State::duplicating) {
     MPI_Comm_set_errhandler(s.mpi, MPI_ERRORS_RETURN);
     s.all.resize(size_t(s.nranks));
@@ -218,6 +254,19 @@ void advance(State& s) {
     s.phase = State::finalized;
     s.async = ncclSuccess;
   }
+}
+
+// The end of an init or split: at once for a non-blocking communicator (ncclInProgress, polled
+// by ncclCommGetAsyncError), else polled here, bounded.
+ncclResult_t join(State& s) {
+  if (!s.blocking) return ncclInProgress;
+  const double start = now_seconds();
+  while (s.phase == State::duplicating || s.phase == State::splitting || s.phase == State::exchanging) {
+    advance(s);
+    if (now_seconds() - start > block_seconds()) return ncclSystemError;
+    sched_yield();
+  }
+  return s.async;
 }
 
 int64_t node_hash() {
@@ -268,14 +317,38 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   if (MPI_Comm_idup(MPI_COMM_WORLD, &s->mpi, &s->request) != MPI_SUCCESS) return ncclSystemError;
   *comm = new ncclComm{s};
   ++g_live;
-  if (config && config->blocking == 0) return ncclInProgress;
-  const double start = now_seconds();
-  while (s->phase == State::duplicating || s->phase == State::exchanging) {
-    advance(*s);
-    if (now_seconds() - start > block_seconds()) return ncclSystemError;
-    sched_yield();
+  s->blocking = !config || config->blocking != 0;
+  return join(*s);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!comm || !comm->state || !newcomm || color < NCCL_SPLIT_NOCOLOR) return ncclInvalidArgument;
+  *newcomm = nullptr;
+  State& parent = *comm->state;
+  if (parent.phase != State::ready) return parent.phase == State::failed ? parent.async : ncclInvalidUsage;
+  auto s = std::make_shared<State>();
+  s->phase = State::splitting;
+  s->parent = parent.mpi;
+  s->device = parent.device;
+  s->blocking = config ? config->blocking != 0 : parent.blocking;
+  s->id = int64_t(uint64_t(parent.id) * 1000003u + uint64_t(int64_t(color)));  // the same for one color
+  s->mine = {0, s->device, node_hash(), s->id};
+  s->split_mine = {color, key};
+  s->split_all.resize(size_t(parent.nranks));
+  if (MPI_Iallgather(&s->split_mine, 2, MPI_INT64_T, s->split_all.data(), 2, MPI_INT64_T, parent.mpi, &s->request) !=
+      MPI_SUCCESS)
+    return ncclSystemError;
+  if (color == NCCL_SPLIT_NOCOLOR) {  // in no communicator: only its part of the gather to finish
+    const double start = now_seconds();
+    for (int flag = 0; !flag; sched_yield()) {
+      if (MPI_Test(&s->request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return ncclSystemError;
+      if (!flag && now_seconds() - start > block_seconds()) return ncclSystemError;
+    }
+    return ncclSuccess;
   }
-  return s->async;
+  *newcomm = new ncclComm{s};
+  ++g_live;
+  return join(*s);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {

@@ -77,8 +77,10 @@ struct AttentionSpec {
   SequenceLayout layout = SequenceLayout::automatic;
   KeyValueSchedule schedule = KeyValueSchedule::direct;
   double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
-  // Hybrid sequence parallelism (DeepSpeed-Ulysses inside groups of this many consecutive ranks,
-  // the ring across the groups); 1: the ring alone. Must divide the ranks and the heads.
+  // Hybrid sequence parallelism (DeepSpeed-Ulysses inside groups of this many ranks, the ring
+  // across the groups); 1: the ring alone. Must divide the ranks and the heads. A group is that
+  // many ranks of one node when every node holds a multiple of it, else consecutive ranks: take
+  // each rank's rows from Context::rows/positions with this spec.
   int ulysses = 1;
 };
 
@@ -128,8 +130,7 @@ class Context {
   const ContextOptions& options() const;
 
   // The layout the spec resolves to, and this rank's share of a sequence of seq_len positions
-  // (with spec.ulysses > 1, the layout applies to the groups and each member holds a part of its
-  // group's rows: SPEC.md "Hybrid parallelism").
+  // (with spec.ulysses > 1, of the hybrid's layout, which depends on the ranks' nodes).
   SequenceLayout layout(const AttentionSpec& spec) const;
   int64_t rows(int64_t seq_len, const AttentionSpec& spec, int rank = -1) const;
   // Global positions of a rank's rows (default: this rank), ascending: for RoPE and labels.

@@ -205,7 +205,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const bool was_reset = reset_peak_rss();
 
-  const ShardLayout layout(b.layout, L, P, ulysses);
+  const ShardLayout layout = hybrid_layout(comm, b.layout, L, ulysses);  // the rows the context gives
   const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = static_cast<int64_t>(pos.size());
   // The emulated links: --emulate-* between ranks (between groups with --ulysses), and the link

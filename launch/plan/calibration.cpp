@@ -167,33 +167,69 @@ Calibration calibrate(const std::vector<MeasuredPoint>& points, const ClusterSpe
 
 double Comparison::worst_error() const { return std::max(std::abs(forward_error), std::abs(backward_error)); }
 
+namespace {
+
+// The point predicted on `machine` (machine_for has been applied: its intra link is the ring's,
+// emulated); `own` is the machine's own link, which the group's emulated link slows likewise.
+Comparison compare_point(const MeasuredPoint& p, const LinkSpec& own, const ClusterSpec& machine) {
+  Comparison c;
+  c.point = &p;
+  if (p.ulysses > 1) {  // the hybrid: the ring across groups plus the all-to-alls inside them
+    LinkSpec group = own;
+    if (p.group_emulated) {
+      const double emulated = p.group_link.gbps;
+      group.gbps = own.gbps > 0 && emulated > 0 ? std::min(own.gbps, emulated) : std::max(own.gbps, emulated);
+      group.latency_us = std::max(own.latency_us, p.group_link.latency_us);
+    }
+    const HybridPrediction h = predict_hybrid(machine, p.workload, p.mask.view(), p.ranks, p.ulysses, &group);
+    c.predicted = h.ring;
+    c.predicted.ranks = p.ranks;
+    c.predicted.forward.seconds = h.forward_seconds();
+    c.predicted.backward.seconds = h.backward_seconds();
+    c.predicted.forward.exposed_fraction = h.exposed_forward();
+  } else {
+    c.predicted = predict(machine, p.workload, p.mask.view(), p.ranks);
+  }
+  if (p.forward_s > 0) c.forward_error = (c.predicted.forward.seconds - p.forward_s) / p.forward_s;
+  if (p.workload.backward && p.backward_s > 0)
+    c.backward_error = (c.predicted.backward.seconds - p.backward_s) / p.backward_s;
+  return c;
+}
+
+}  // namespace
+
 std::vector<Comparison> compare(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine) {
   std::vector<Comparison> out;
-  for (const MeasuredPoint& p : points) {
-    Comparison c;
-    c.point = &p;
-    if (p.ulysses > 1) {  // the hybrid: the ring across groups plus the all-to-alls inside them
-      LinkSpec group = machine.intra;  // the machine's own link, slowed by the emulated one
-      if (p.group_emulated) {
-        const double own = machine.intra.gbps, emulated = p.group_link.gbps;
-        group.gbps = own > 0 && emulated > 0 ? std::min(own, emulated) : std::max(own, emulated);
-        group.latency_us = std::max(machine.intra.latency_us, p.group_link.latency_us);
-      }
-      const HybridPrediction h =
-          predict_hybrid(machine_for(machine, p), p.workload, p.mask.view(), p.ranks, p.ulysses, &group);
-      c.predicted = h.ring;
-      c.predicted.ranks = p.ranks;
-      c.predicted.forward.seconds = h.forward_seconds();
-      c.predicted.backward.seconds = h.backward_seconds();
-      c.predicted.forward.exposed_fraction = h.exposed_forward();
-    } else {
-      c.predicted = predict(machine_for(machine, p), p.workload, p.mask.view(), p.ranks);
-    }
-    if (p.forward_s > 0) c.forward_error = (c.predicted.forward.seconds - p.forward_s) / p.forward_s;
-    if (p.workload.backward && p.backward_s > 0)
-      c.backward_error = (c.predicted.backward.seconds - p.backward_s) / p.backward_s;
-    out.push_back(std::move(c));
+  for (const MeasuredPoint& p : points) out.push_back(compare_point(p, machine.intra, machine_for(machine, p)));
+  return out;
+}
+
+ClusterSpec machine_of_run(const ClusterSpec& machine, const MeasuredPoint& p) {
+  ClusterSpec c = machine_for(machine, p);
+  c.step_overhead_us = c.message_overhead_us = c.host_copy_gbps = 0.0;  // in the run's busy time
+  c.forward_gflops = c.backward_gflops = 1.0;                          // for the counts only
+  // The ring of the point: with --ulysses, across the P/U groups on H/U heads (hybrid_model.hpp).
+  Workload w = p.workload;
+  int ranks = p.ranks;
+  if (p.ulysses > 1) {
+    w.heads /= p.ulysses;
+    w.kv_heads = w.kv_heads >= p.ulysses ? w.kv_heads / p.ulysses : 1;
+    ranks /= p.ulysses;
   }
+  const ShardLayout layout(w.layout, w.seq_len, ranks);
+  const ClusterWork work = build_cluster_work(w, layout, p.mask.view());
+  const ClusterSimulation sim(c, w, work);
+  const double forward_busy = p.forward_mean_s - p.forward_wait_s;
+  const double backward_busy = p.backward_mean_s - p.backward_wait_s;
+  c.forward_gflops = forward_busy > 0 ? sim.forward_counts().gflop / forward_busy : machine.forward_gflops;
+  c.backward_gflops =
+      w.backward && backward_busy > 0 ? sim.backward_counts().gflop / backward_busy : machine.backward_gflops;
+  return c;
+}
+
+std::vector<Comparison> compare_same_run(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine) {
+  std::vector<Comparison> out;
+  for (const MeasuredPoint& p : points) out.push_back(compare_point(p, machine.intra, machine_of_run(machine, p)));
   return out;
 }
 

@@ -65,4 +65,16 @@ std::vector<Comparison> compare(const std::vector<MeasuredPoint>& points, const 
 // the emulated link and the machine's own (a transfer completes when both are done).
 ClusterSpec machine_for(const ClusterSpec& machine, const MeasuredPoint& p);
 
+// The machine as the point's own run saw it (`plan --calibrate --same-run`): machine_for, with
+// the kernel rates of that run, from its time not blocked (each rank's pass time less its waits,
+// mean over ranks; with --ulysses, the all-to-alls count as waits), so that the per-call,
+// per-message and host-copy costs it includes are set to 0. On a loaded or oversubscribed machine
+// (4 ranks on 2 cores run their kernels at about half a core each) a rate fitted to other runs
+// misses by the load's change between runs; with each run's own rate, what is compared is the
+// model of the links and of the waiting.
+ClusterSpec machine_of_run(const ClusterSpec& machine, const MeasuredPoint& p);
+
+// compare() with machine_of_run for each point.
+std::vector<Comparison> compare_same_run(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine);
+
 }  // namespace ringattn

@@ -31,7 +31,7 @@ double alltoall_seconds(const ClusterSpec& c, const Workload& w, int ranks, int 
   }
   double t = link.latency_us * 1e-6 + (link.gbps > 0 ? sent / (link.gbps * 1e9) : 0.0);
   t += 2.0 * (ulysses - 1) * c.message_overhead_us * 1e-6;
-  if (c.host_copy_gbps > 0) t += 3.0 * ulysses * message / (c.host_copy_gbps * 1e9);
+  if (c.host_copy_gbps > 0) t += 2.0 * ulysses * message / (c.host_copy_gbps * 1e9);  // pack, unpack
   return t;
 }
 

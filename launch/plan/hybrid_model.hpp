@@ -7,8 +7,9 @@
 //   one all-to-all of a tensor whose per-member slice has `slice` heads of `elem` bytes sends, from
 //   each rank, U - 1 messages of B x rows x slice x D x elem bytes (rows = L / P) and receives as
 //   many; they queue on the rank's outgoing and incoming link, so it costs
-//   latency + (U - 1) x message / bandwidth, plus per message overheads (send and receive) and the
-//   host copies (pack, unpack and the copy into the backend: 3 x the tensor) at host_copy_gbps;
+//   latency + (U - 1) x message / bandwidth (the runtime posts them in shifted order, r + 1, r + 2,
+//   ..., so no link carries more than its own U - 1), plus per message overheads (send and
+//   receive) and the copies that pack and unpack the blocks (2 x the tensor) at host_copy_gbps;
 //   the link is the intra-node one when a group lies in a node (ranks_per_node a multiple of U),
 //   else the inter-node one, shared by the node's ranks (every rank exchanges at once);
 //   forward: Q, K, V in (storage type), O and LSE out (fp32); backward: dO in, dQ, dK, dV out (fp32);

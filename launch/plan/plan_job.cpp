@@ -49,7 +49,7 @@ struct PlanOptions {
   bool forward_only = false;
   std::string calibrate, validate, save_calibration, json;
   double tolerance = 0.15;
-  bool check = false;
+  bool check = false, same_run = false;
   double machine_bandwidth = 0.0, machine_latency = 0.0;
   std::string ulysses;  // hybrid degrees to compare ("auto": 1, 2, 4, ...)
 };
@@ -123,6 +123,9 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
       ("validate", po::value(&o.validate)->value_name("FILE,..."), "compare with these files (default: the --calibrate ones)")
       ("tolerance", po::value(&o.tolerance)->default_value(0.15, "0.15")->value_name("X"), "largest relative error accepted")
       ("check", po::bool_switch(&o.check), "exit 3 when a prediction misses a measured time by more than --tolerance")
+      ("same-run", po::bool_switch(&o.same_run),
+       "no fit: predict each --calibrate point with the kernel rate of its own run (its time not blocked), "
+       "so that the links and the waiting are what is compared (loaded or oversubscribed machines; hybrid points)")
       ("machine-link-bandwidth", po::value(&o.machine_bandwidth)->default_value(0.0)->value_name("GBPS"),
        "the machine's own link between ranks, bandwidth (0 = unlimited; default: fitted with the latency)")
       ("machine-link-latency", po::value(&o.machine_latency)->default_value(0.0)->value_name("US"),
@@ -225,8 +228,8 @@ int64_t dtype_bytes_of(const std::string& name, const std::string& where) {
 }
 
 // The points of `ringattn bench --json` files, each with its mask rebuilt and its link.
-std::vector<MeasuredPoint> load_points(const std::string& files, int* threads,
-                                       std::vector<std::string>& skipped) {
+std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, std::vector<std::string>& skipped,
+                                       bool keep_oversubscribed = false) {
   std::vector<MeasuredPoint> out;
   for (const std::string& path : split_list(files)) {
     const JsonValue doc = read_json_file(path, "--calibrate");
@@ -270,7 +273,7 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads,
       if (t != *threads)
         throw UsageError("--calibrate " + mp.label + ": ran " + std::to_string(t) + " threads per rank, others " +
                          std::to_string(*threads) + ": calibrate one thread count at a time");
-      if (hardware > 0 && (mp.ranks + nodes - 1) / nodes * t > hardware) {
+      if (!keep_oversubscribed && hardware > 0 && (mp.ranks + nodes - 1) / nodes * t > hardware) {
         skipped.push_back(mp.label + " (" + std::to_string(mp.ranks) + " ranks x " + std::to_string(t) +
                           " threads oversubscribe " + std::to_string(hardware) + " hardware threads)");
         continue;
@@ -298,14 +301,27 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads,
 int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& vm) {
   if (o.tolerance <= 0) throw UsageError("--tolerance must be positive");
   if (!o.validate.empty() && o.calibrate.empty()) throw UsageError("--validate needs --calibrate");
-  if ((o.check || !o.save_calibration.empty()) && o.calibrate.empty())
-    throw UsageError("--check and --save-calibration need --calibrate");
+  if ((o.check || !o.save_calibration.empty() || o.same_run) && o.calibrate.empty())
+    throw UsageError("--check, --same-run and --save-calibration need --calibrate");
+  if (o.same_run && (!o.validate.empty() || !o.save_calibration.empty()))
+    throw UsageError("--same-run fits nothing: it takes neither --validate nor --save-calibration");
   Json out = Json::object();
 
   // Calibration on this machine, and the comparison with what was measured.
   bool within = true;
   std::optional<ClusterSpec> machine;
-  if (!o.calibrate.empty()) {
+  if (o.same_run) {
+    int threads = 0;
+    std::vector<std::string> skipped;
+    const std::vector<MeasuredPoint> points = load_points(o.calibrate, &threads, skipped, true);
+    if (points.empty()) throw UsageError("--calibrate " + o.calibrate + ": no usable points");
+    Calibration own;  // no fit: each point's rates come from its run; the machine's link as given (default unlimited)
+    own.machine.name = "each run's own kernel rates";
+    own.machine.intra = {o.machine_bandwidth, o.machine_latency};
+    const std::vector<Comparison> rows = compare_same_run(points, own.machine);
+    within = print_calibration(own, threads, rows, skipped, o.tolerance, true);
+    out["calibration"] = calibration_json(own, rows, o.tolerance);
+  } else if (!o.calibrate.empty()) {
     int threads = 0;
     std::vector<std::string> skipped;
     std::vector<MeasuredPoint> fit_points = load_points(o.calibrate, &threads, skipped);
@@ -342,7 +358,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
   for (const char* flag : {"ranks", "seq-len", "batch", "heads", "kv-heads", "head-dim", "dtype", "causal", "window",
                            "doc-lens", "block-mask", "bigbird", "layouts", "schedules", "forward-only", "ulysses"})
     workload_given = workload_given || given(vm, flag);
-  if (!machine || cluster_given || workload_given) {
+  if ((!machine && !o.same_run) || cluster_given || workload_given) {
     const ClusterSpec cluster = machine && !cluster_given ? *machine : load_cluster(o, f, vm);
     Workload w;
     w.batch = o.batch, w.seq_len = o.seq_len, w.heads = o.heads;

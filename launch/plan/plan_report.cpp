@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 namespace ringattn {
 
@@ -134,31 +135,39 @@ Json print_projection(const ClusterSpec& c, const Workload& w, const Mask& mask,
 }
 
 bool print_calibration(const Calibration& cal, int threads, const std::vector<Comparison>& rows,
-                       const std::vector<std::string>& skipped, double tolerance) {
+                       const std::vector<std::string>& skipped, double tolerance, bool same_run) {
   const ClusterSpec& m = cal.machine;
   char host[32] = "free";
   if (m.host_copy_gbps > 0) std::snprintf(host, sizeof host, "%.3g GB/s", m.host_copy_gbps);
-  std::printf("# calibration: %d passes, %d thread%s per rank: forward %s, backward %s per rank; %.1f us per kernel call;\n"
-              "#   host copies %s; %.1f us per message posted; the machine's own link %s (rms residual of the fit %.1f%%)\n",
-              cal.points, threads, threads > 1 ? "s" : "", rate_text(m.forward_gflops).c_str(),
-              rate_text(m.backward_gflops).c_str(), m.step_overhead_us, host, m.message_overhead_us,
-              link_text(m.intra).c_str(), 100 * cal.rms_relative_residual);
+  if (same_run)
+    std::printf("# each point predicted with its own run's kernel rates (its time not blocked waiting), %d thread%s per\n"
+                "#   rank; the machine's own link %s; U > 1: the hybrid, its intra-group link in brackets\n",
+                threads, threads > 1 ? "s" : "", link_text(m.intra).c_str());
+  else
+    std::printf("# calibration: %d passes, %d thread%s per rank: forward %s, backward %s per rank; %.1f us per kernel call;\n"
+                "#   host copies %s; %.1f us per message posted; the machine's own link %s (rms residual of the fit %.1f%%)\n",
+                cal.points, threads, threads > 1 ? "s" : "", rate_text(m.forward_gflops).c_str(),
+                rate_text(m.backward_gflops).c_str(), m.step_overhead_us, host, m.message_overhead_us,
+                link_text(m.intra).c_str(), 100 * cal.rms_relative_residual);
   for (const std::string& s : skipped) std::printf("# skipped: %s\n", s.c_str());
-  std::printf("# %-24s %5s %8s %-10s %-8s %-16s %9s %9s %7s %9s %9s %7s %7s %7s\n", "point", "ranks", "seq_len", "layout",
-              "schedule", "link", "fwd_ms", "pred_ms", "error", "bwd_ms", "pred_ms", "error", "exp_%", "pred_%");
+  std::printf("# %-24s %5s %2s %8s %-10s %-8s %-16s %9s %9s %7s %9s %9s %7s %7s %7s\n", "point", "ranks", "U", "seq_len",
+              "layout", "schedule", "link", "fwd_ms", "pred_ms", "error", "bwd_ms", "pred_ms", "error", "exp_%", "pred_%");
   double worst = 0.0;
   for (const Comparison& c : rows) {
     const MeasuredPoint& p = *c.point;
-    char link[32] = "machine", bwd[3][16] = {"-", "-", "-"};
+    char link[64] = "machine", bwd[3][16] = {"-", "-", "-"};
     if (p.emulated) std::snprintf(link, sizeof link, "%gGB/s,%gus", p.link.gbps, p.link.latency_us);
+    if (p.ulysses > 1 && p.group_emulated)
+      std::snprintf(link + std::strlen(link), sizeof link - std::strlen(link), "[%gGB/s,%gus]", p.group_link.gbps,
+                    p.group_link.latency_us);
     if (p.workload.backward && p.backward_s > 0) {
       std::snprintf(bwd[0], 16, "%.2f", p.backward_s * 1e3);
       std::snprintf(bwd[1], 16, "%.2f", c.predicted.backward.seconds * 1e3);
       std::snprintf(bwd[2], 16, "%+.1f%%", 100 * c.backward_error);
     }
     std::string label = p.label.size() > 24 ? "..." + p.label.substr(p.label.size() - 21) : p.label;
-    std::printf("  %-24s %5d %8lld %-10s %-8s %-16s %9.2f %9.2f %+6.1f%% %9s %9s %7s %7.1f %7.1f\n", label.c_str(), p.ranks,
-                (long long)p.workload.seq_len, layout_name(p.workload.layout), schedule_name(p.workload.schedule), link,
+    std::printf("  %-24s %5d %2d %8lld %-10s %-8s %-16s %9.2f %9.2f %+6.1f%% %9s %9s %7s %7.1f %7.1f\n", label.c_str(),
+                p.ranks, p.ulysses, (long long)p.workload.seq_len, layout_name(p.workload.layout), schedule_name(p.workload.schedule), link,
                 p.forward_s * 1e3, c.predicted.forward.seconds * 1e3, 100 * c.forward_error, bwd[0], bwd[1], bwd[2],
                 100 * p.exposed_fraction, 100 * c.predicted.forward.exposed_fraction);
     worst = std::max(worst, c.worst_error());
@@ -181,6 +190,7 @@ Json calibration_json(const Calibration& cal, const std::vector<Comparison>& row
     Json r = Json::object();
     r["point"] = p.label;
     r["ranks"] = p.ranks;
+    r["ulysses"] = p.ulysses;
     r["seq_len"] = p.workload.seq_len;
     r["layout"] = layout_name(p.workload.layout);
     r["schedule"] = schedule_name(p.workload.schedule);

@@ -20,8 +20,9 @@ Json print_projection(const ClusterSpec& cluster, const Workload& w, const Mask&
 
 // Prints the fitted parameters and every point's measured against predicted times; true when
 // every error is within the tolerance.
+// same_run: the points were predicted with their own runs' rates (compare_same_run), not cal's.
 bool print_calibration(const Calibration& cal, int threads, const std::vector<Comparison>& rows,
-                       const std::vector<std::string>& skipped, double tolerance);
+                       const std::vector<std::string>& skipped, double tolerance, bool same_run = false);
 Json calibration_json(const Calibration& cal, const std::vector<Comparison>& rows, double tolerance);
 
 }  // namespace ringattn

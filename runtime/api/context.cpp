@@ -1,7 +1,5 @@
 // ringattn::Context (include/ringattn/ringattn.hpp): the communicator and backend of a caller's
 // ranks, the agreement every call starts with, and the plans cached per call shape.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -65,6 +63,14 @@ struct Context::Impl {
   void* caller_stream = nullptr;
   std::map<std::string, std::unique_ptr<Plan>> plans;
   int local_rank = 0, local_ranks = 1;
+  std::vector<int> nodes;  // the node of every rank (find_nodes): where the --ulysses groups go
+  // The groups of each AttentionSpec::ulysses in use, shared by the plans: one group
+  // communicator per degree, however many plans.
+  std::map<int, std::shared_ptr<UlyssesGroups>> groups;
+
+  // The layout of a sequence of seq_len positions for this spec, over these ranks and nodes;
+  // throws ArgumentError for an AttentionSpec::ulysses that does not divide the ranks.
+  ShardLayout layout(int64_t seq_len, const AttentionSpec& spec) const;
 
   // Agrees on the call (collective); returns the plan, or throws ArgumentError on every rank.
   Plan& agree(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error);
@@ -75,17 +81,12 @@ struct Context::Impl {
 
 namespace {
 
-// This rank's index among the ranks of its node, and their number, by host name (a bounded
-// collective: a missing rank turns into CommError, not a hang).
-void find_node_ranks(comm::Communicator& c, int& local_rank, int& local_ranks) {
-  char host[64] = {};
-  gethostname(host, sizeof host - 1);
-  std::vector<char> all(sizeof host * static_cast<size_t>(c.size()));
-  c.allgather(host, all.data(), sizeof host);
+// This rank's index among the ranks of its node, and their number.
+void count_node_ranks(const std::vector<int>& node_of_rank, int rank, int& local_rank, int& local_ranks) {
   local_rank = 0, local_ranks = 0;
-  for (int r = 0; r < c.size(); ++r)
-    if (std::strncmp(host, &all[sizeof host * static_cast<size_t>(r)], sizeof host) == 0) {
-      if (r < c.rank()) ++local_rank;
+  for (int r = 0; r < static_cast<int>(node_of_rank.size()); ++r)
+    if (node_of_rank[size_t(r)] == node_of_rank[size_t(rank)]) {
+      if (r < rank) ++local_rank;
       ++local_ranks;
     }
 }
@@ -132,7 +133,8 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
     if (!bad.argument().empty()) throw bad;
     throw ArgumentError("options", "options: another rank's options were refused");
   }
-  find_node_ranks(*m.mpi, m.local_rank, m.local_ranks);
+  count_node_ranks(m.mpi->node_of_ranks(), m.mpi->rank(), m.local_rank, m.local_ranks);  // a bounded collective
+  m.nodes = find_nodes(*m.mpi);
   m.ring_comm = m.mpi.get();
   if (options.backend == "cpu") {
     const int threads = options.threads > 0
@@ -165,6 +167,7 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
 Context::~Context() {
   if (!impl_) return;
   impl_->plans.clear();  // the rings refer to the backend and communicators
+  impl_->groups.clear();
   impl_->backend.reset();
   impl_->owned_ring_comm.reset();
 }
@@ -189,28 +192,25 @@ SequenceLayout Context::layout(const AttentionSpec& spec) const {
   }
 }
 
-namespace {
-
-// The sharding of seq_len positions over `ranks` that a spec asks for (its layout and, with
-// ulysses > 1, the groups'); throws ArgumentError naming seq_len or ulysses.
-ShardLayout spec_layout(int64_t seq_len, const AttentionSpec& spec, int ranks) {
-  if (seq_len < ranks)
+ShardLayout Context::Impl::layout(int64_t seq_len, const AttentionSpec& spec) const {
+  const int P = mpi->size();
+  if (seq_len < P)
     throw ArgumentError("seq_len", "seq_len: " + std::to_string(seq_len) + " positions cannot be sharded over " +
-                                       std::to_string(ranks) + " ranks (each needs at least one)");
-  if (spec.ulysses < 1 || ranks % spec.ulysses != 0)
+                                       std::to_string(P) + " ranks (each needs at least one)");
+  if (spec.ulysses < 1 || P % spec.ulysses != 0)
     throw ArgumentError("ulysses", "ulysses: " + std::to_string(spec.ulysses) + " must divide the " +
-                                       std::to_string(ranks) + " ranks");
-  return ShardLayout(api::layout_kind(spec), seq_len, ranks, spec.ulysses);
+                                       std::to_string(P) + " ranks");
+  std::vector<int> members;
+  if (spec.ulysses > 1) members = place_ulysses_groups(nodes, spec.ulysses).members;
+  return ShardLayout(api::layout_kind(spec), seq_len, P, spec.ulysses, std::move(members));
 }
 
-}  // namespace
-
 int64_t Context::rows(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  return spec_layout(seq_len, spec, size()).rows(rank < 0 ? this->rank() : rank);
+  return impl_->layout(seq_len, spec).rows(rank < 0 ? this->rank() : rank);
 }
 
 std::vector<int64_t> Context::positions(int64_t seq_len, const AttentionSpec& spec, int rank) const {
-  return spec_layout(seq_len, spec, size()).positions(rank < 0 ? this->rank() : rank);
+  return impl_->layout(seq_len, spec).positions(rank < 0 ? this->rank() : rank);
 }
 
 void Context::allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank) {
@@ -277,7 +277,7 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
                                        std::to_string(P) + " ranks and the " + std::to_string(first.heads) +
                                        " heads, and divide or be a multiple of the " +
                                        std::to_string(first.kv_heads) + " K/V heads");
-  const ShardLayout layout(kind, L, P, spec.ulysses);
+  const ShardLayout layout = this->layout(L, spec);  // the same placement as the UlyssesAttention's
   for (int r = 0; r < P; ++r)
     if (layout.rows(r) != all[static_cast<size_t>(r)].rows)
       throw ArgumentError("q", "q: rank " + std::to_string(r) + " holds " +
@@ -291,8 +291,10 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
   if (it != plans.end() && it->second->block_mask == spec.mask.block_mask) return *it->second;
   auto plan = std::make_unique<Plan>(api::build_mask(spec, L));
   plan->block_mask = spec.mask.block_mask;
+  std::shared_ptr<UlyssesGroups>& g = groups[spec.ulysses];
+  if (!g) g = std::make_shared<UlyssesGroups>(make_ulysses_groups(*ring_comm, spec.ulysses));  // collective
   plan->ring = std::make_unique<UlyssesAttention>(*ring_comm, *backend, kind, L, plan->mask,
-                                                  api::ring_options(shard, spec), spec.ulysses);
+                                                  api::ring_options(shard, spec), g);
   if (comm::Communicator* group = plan->ring->group_comm())
     group->set_link_emulation(comm::LinkEmulation{options.emulate_intra_bandwidth_gbps, options.emulate_intra_latency_us});
   Plan& p = *plan;

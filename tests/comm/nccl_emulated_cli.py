@@ -4,9 +4,11 @@ communicator's own code on the CPU emulation of CUDA and NCCL.
 
   attention   forward and backward checked against fp64 (--check, exit 0) for causal/zigzag,
               window, documents and BigBird masks, both schedules, an uneven length, P = 1..4,
-              fp32 and bf16, over --comm nccl; and over --comm mpi (host-staged) with 2 ranks
-              sharing one emulated GPU; `ringattn bench` (a context per point) with --ulysses 1,2
-              over NCCL and host-staged
+              fp32 and bf16, over --comm nccl; the hybrid (--ulysses 2: the group's NCCL
+              communicator by ncclCommSplit, its all-to-all on the device) at P = 2 and 4, the
+              latter also with ranks placed round-robin on two pretend nodes; over --comm mpi
+              (host-staged) with 2 ranks sharing one emulated GPU, the hybrid included; and
+              `ringattn bench` (a context per point) with --ulysses 1,2 over NCCL and host-staged
   layer       the LoRA layer at P = 2 on --backend cuda --comm nccl (cuBLAS GEMMs served by the CPU
               GEMM, RoPE/bias kernels on the emulated GPU, NCCL parameter gathers and gradient
               reduce-scatter): --check against the CPU backend in fp32 (Y, dX, the LoRA gradients)
@@ -68,10 +70,21 @@ def attention_cases():
             dtype = ["fp32", "bf16"][(np + i // 2) % 2]
             args = nccl + mask + SMALL + ["--seq-len", "137", "--schedule", schedule, "--dtype", dtype]
             cases.append(("P=%d %s %s %s L=137" % (np, name, schedule, dtype), np, args, {}))
+    # The hybrid: --ulysses 2 over NCCL (4 heads, so that 2 divides the heads and the K/V heads).
+    hybrid = nccl + ["--ulysses", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--check"]
+    cases.append(("P=2 --ulysses 2 causal/zigzag direct fp32 L=137", 2,
+                  hybrid + masks["causal/zigzag"] + ["--seq-len", "137"], {}))
+    cases.append(("P=4 --ulysses 2 window ring bf16 L=137", 4,
+                  hybrid + masks["window"] + ["--seq-len", "137", "--schedule", "ring", "--dtype", "bf16"], {}))
+    cases.append(("P=4 --ulysses 2 documents, round-robin on 2 pretend nodes", 4,
+                  hybrid + masks["documents"] + ["--seq-len", "137"], {"RINGATTN_TEST_NODES": "0,1,0,1"}))
     # Ranks sharing one GPU: the host-staged MPI path.
     cases.append(("P=2 sharing one GPU: --comm mpi (host-staged)", 2,
                   ["--backend", "cuda", "--comm", "mpi", "--backward", "--causal", "--seq-len", "96"] + SMALL,
                   {"RINGATTN_EMULATED_GPUS": "1"}))
+    cases.append(("P=2 sharing one GPU: --comm mpi (host-staged) --ulysses 2", 2,
+                  ["--backend", "cuda", "--comm", "mpi", "--backward", "--causal", "--seq-len", "96", "--ulysses", "2",
+                   "--heads", "2", "--head-dim", "16", "--check"], {"RINGATTN_EMULATED_GPUS": "1"}))
     return cases
 
 

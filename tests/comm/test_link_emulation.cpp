@@ -3,6 +3,10 @@
 // oversubscribed machine.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "comm/stopwatch.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
@@ -131,6 +135,36 @@ TEST_F(MpiTest, TestIsFalseUntilTheEmulatedTimeHasCome) {
   if (ranks_have_own_cores(*comm)) {
     EXPECT_LT(t.send, 0.02 + kSchedulerSlack);
   }
+}
+
+// A receive posted long before its send completes no earlier than the send could arrive: the
+// sender's link takes the message when the send is posted (its start time travels ahead of the
+// payload), then size / bandwidth + latency. Rank 0 sends to rank 1 after 50 ms.
+TEST_F(MpiTest, AnEarlyReceiveWaitsForTheSendsLink) {
+  if (size() == 1) GTEST_SKIP() << "a message to oneself is not delayed";
+  comm->set_link_emulation({0.1, 5'000.0});  // 100 MB/s, 5 ms: 1 MB takes 10 ms + 5 ms
+  const size_t bytes = 1'000'000;
+  std::vector<uint8_t> buffer = payload(bytes, 0, 7);
+  comm->barrier();
+  const Stopwatch watch;
+  if (rank() == 1) {
+    std::vector<uint8_t> in(bytes);
+    Request recv = comm->irecv(in.data(), bytes, 0, 7);
+    comm->wait(recv, "a late send");
+    EXPECT_GE(watch.seconds(), 0.050 + 0.015) << "the receive ended before the send could have arrived";
+    EXPECT_TRUE(in == buffer);
+  } else if (rank() == 0) {
+    while (watch.seconds() < 0.050) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    Request send = comm->isend(buffer.data(), bytes, 1, 7);
+    comm->wait(send, "a late send");
+    EXPECT_GE(watch.seconds(), 0.050 + 0.015);
+  }
+  comm->barrier();
+}
+
+// The nodes of the ranks: one machine here, the least rank of the node is 0.
+TEST_F(MpiTest, EveryRankIsOnTheFirstRanksNode) {
+  EXPECT_EQ(comm->node_of_ranks(), std::vector<int>(size_t(size()), 0));
 }
 
 // A message to oneself never crosses the network: the link does not delay it.

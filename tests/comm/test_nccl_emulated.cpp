@@ -1,17 +1,22 @@
 // The NCCL communicator's own code on the emulated NCCL and CUDA (-DRINGATTN_CUDA_EMULATION=ON),
 // under mpirun: one NCCL communicator per rank whatever P, grouped steps that match by posting
-// order, collectives on device and host memory, a receive without its send ending in a CommError
-// that names the rank and the step (bounded, no hang at teardown), and teardown that leaves no
-// communicator behind.
+// order, collectives on device and host memory, split by ncclCommSplit (color, key, ties, no
+// color) with an all-to-all on device memory over the new communicator, a receive without its
+// send ending in a CommError that names the rank and the step (bounded, no hang at teardown),
+// and teardown that leaves no communicator behind.
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "comm/nccl_communicator.hpp"
 #include "comm/stopwatch.hpp"
+#include "ringattn/ringattn.hpp"
+#include "tests/support/sharded_reference.hpp"
 #include "tests/comm/step_exchange.hpp"
 
 namespace ringattn::comm::testing {
@@ -62,6 +67,110 @@ TEST(NcclEmulated, CollectivesOnDeviceAndHostMemory) {
   nccl.barrier();
   cudaFree(all);
   cudaFree(d);
+}
+
+// Blocks j of (j + 1) floats, 100 x sender + j, to every rank j: each rank checks what it got.
+void check_alltoallv(Communicator& c, bool device) {
+  const int n = c.size(), me = c.rank();
+  std::vector<size_t> send_bytes(static_cast<size_t>(n));
+  std::vector<size_t> recv_bytes(static_cast<size_t>(n), sizeof(float) * size_t(me + 1));
+  for (int j = 0; j < n; ++j) send_bytes[size_t(j)] = sizeof(float) * size_t(j + 1);
+  const size_t count = size_t(n * (n + 1) / 2);
+  float *send = nullptr, *recv = nullptr;
+  std::vector<float> host_send(count), host_recv(size_t(n * (me + 1)));
+  if (device) {
+    ASSERT_EQ(cudaMalloc(&send, sizeof(float) * count), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&recv, sizeof(float) * host_recv.size()), cudaSuccess);
+  } else {
+    send = host_send.data(), recv = host_recv.data();
+  }
+  for (int j = 0, at = 0; j < n; ++j)
+    for (int e = 0; e <= j; ++e) send[at++] = float(100 * me + j);
+  c.alltoallv(send, send_bytes, recv, recv_bytes);
+  for (int i = 0; i < n; ++i)
+    for (int e = 0; e <= me; ++e) EXPECT_EQ(recv[i * (me + 1) + e], float(100 * i + me)) << "from " << i;
+  if (device) cudaFree(send), cudaFree(recv);
+}
+
+// Ranks of one color form a communicator ranked by key (ties by rank); a negative color gets
+// none. Each holds one more NCCL communicator, whose all-to-all and steps work on its own ranks.
+TEST(NcclEmulated, SplitByColorAndKey) {
+  NcclCommunicator nccl(MPI_COMM_WORLD, 30.0);
+  const int P = nccl.size(), r = nccl.rank();
+  check_alltoallv(nccl, true);
+  {
+    // Colors by parity, the last rank left out when P > 2; keys reverse the order.
+    const bool out = P > 2 && r == P - 1;
+    std::unique_ptr<Communicator> sub = nccl.split(out ? -1 : r % 2, -r);
+    ASSERT_EQ(sub == nullptr, out);
+    EXPECT_EQ(ncclEmulationLiveCommunicators(), out ? 1 : 2);
+    if (sub) {
+      int members = 0, before = 0;  // same color, in the split; those with a larger rank come first
+      for (int q = 0; q < P; ++q)
+        if (q % 2 == r % 2 && !(P > 2 && q == P - 1)) members += 1, before += q > r ? 1 : 0;
+      EXPECT_EQ(sub->size(), members);
+      EXPECT_EQ(sub->rank(), before);
+      EXPECT_STREQ(sub->name(), "nccl");
+      EXPECT_EQ(sub->memory(), MemorySpace::device);
+      check_alltoallv(*sub, true);
+      check_alltoallv(*sub, false);  // host memory: over MPI
+      step_exchange(*sub, 3);
+    }
+    // Equal keys: ranked as in the parent.
+    std::unique_ptr<Communicator> halves = nccl.split(r < P / 2 ? 0 : 1, 7);
+    ASSERT_TRUE(halves);
+    EXPECT_EQ(halves->rank(), r < P / 2 ? r : r - P / 2);
+    EXPECT_EQ(ncclEmulationLiveCommunicators(), out ? 2 : 3);
+  }
+  EXPECT_EQ(ncclEmulationLiveCommunicators(), 1);
+}
+
+// The hybrid through the library on the emulated CUDA backend and NCCL (--ulysses 2 at P = 2 and 4):
+// exact against fp64, forward and backward, and each rank holds two NCCL communicators, the
+// job's and its group's, however many plans (shapes) it runs.
+TEST(NcclEmulated, TheHybridHoldsTheJobsAndTheGroupsCommunicators) {
+  int P = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  if (P % 2 != 0) GTEST_SKIP() << "--ulysses 2 needs an even number of ranks";
+  ContextOptions options;
+  options.backend = "cuda";
+  options.comm = "nccl";
+  options.threads = 1;
+  options.timeout_s = 60.0;
+  Context ctx(MPI_COMM_WORLD, options);
+  AttentionSpec spec;
+  spec.mask.causal = true;
+  spec.ulysses = 2;
+  for (const int64_t L : {int64_t(97), int64_t(64)}) {  // two shapes: two plans
+    const Shard shard{1, ctx.rows(L, spec), 4, 2, 16, ElementType::float32};
+    const kernels::AttentionDims dims{1, 4, 2, 16, 0.25f};
+    const std::vector<int64_t> pos = ctx.positions(L, spec);
+    auto rows = [&](RandomTensor t, int64_t heads) {
+      return ringattn::testing::seeded_rows(5, t, 1, L, heads * 16, pos, DType::f32);
+    };
+    const std::vector<float> q = rows(RandomTensor::q, 4), k = rows(RandomTensor::k, 2), v = rows(RandomTensor::v, 2);
+    const std::vector<float> d = rows(RandomTensor::dout, 4);
+    // Device copies (the emulated device memory is host memory, but the pointers are the device's).
+    auto device = [](const std::vector<float>& x) {
+      float* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, sizeof(float) * std::max<size_t>(x.size(), 1)), cudaSuccess);
+      cudaMemcpy(p, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice);
+      return p;
+    };
+    float *dq_ = device(q), *dk_ = device(k), *dv_ = device(v), *dd_ = device(d);
+    std::vector<float> o(q.size()), lse(size_t(4) * pos.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    float *o_ = device(o), *lse_ = device(lse), *gq = device(dq), *gk = device(dk), *gv = device(dv);
+    ctx.forward(shard, spec, dq_, dk_, dv_, o_, lse_);
+    ctx.backward(shard, spec, dq_, dk_, dv_, o_, lse_, dd_, gq, gk, gv);
+    for (auto [host, dev] : {std::pair{&o, o_}, {&lse, lse_}, {&dq, gq}, {&dk, gk}, {&dv, gv}})
+      cudaMemcpy(host->data(), dev, sizeof(float) * host->size(), cudaMemcpyDeviceToHost);
+    Mask mask;
+    mask.causal = true;
+    ringattn::testing::ShardedReference(dims, mask, L, 5, DType::f32).check(pos, o, lse, dq, dk, dv);
+    for (float* p : {dq_, dk_, dv_, dd_, o_, lse_, gq, gk, gv}) cudaFree(p);
+    EXPECT_EQ(ncclEmulationLiveCommunicators(), 2) << "L = " << L;
+  }
+  EXPECT_EQ(ctx.cached_plans(), 2u);
 }
 
 // Rank 0 waits for a step whose send never comes: a CommError within the timeout naming the

@@ -18,8 +18,9 @@
 #include "runtime/backend.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ring_attention.hpp"
-#include "tests/support/test_util.hpp"
 #include "tests/support/mask_variants.hpp"
+#include "tests/support/sharded_reference.hpp"
+#include "tests/support/test_util.hpp"
 
 namespace ringattn::testing {
 namespace {
@@ -38,46 +39,21 @@ std::string describe(const Case& c, const Mask& m) {
          dtype_name(c.dtype) + " L=" + std::to_string(c.L);
 }
 
-std::vector<float> rows_of(uint64_t seed, RandomTensor t, int64_t B, int64_t L, int64_t width,
-                           const std::vector<int64_t>& pos, DType dtype) {
-  std::vector<float> x(static_cast<size_t>(B * int64_t(pos.size()) * width));
-  random_rows(x.data(), seed, t, B, L, width, pos.data(), int64_t(pos.size()));
-  return dtype == DType::bf16 ? round_to_bf16(x) : x;
-}
-
-// Device copy in the case's dtype (the CPU backend's memory is host memory).
-std::vector<uint8_t> stored(const std::vector<float>& x, DType dtype) {
-  if (dtype == DType::f32) {
-    std::vector<uint8_t> b(x.size() * 4);
-    std::memcpy(b.data(), x.data(), b.size());
-    return b;
-  }
-  std::vector<bf16_bits> h = to_bf16(x);
-  std::vector<uint8_t> b(h.size() * 2);
-  std::memcpy(b.data(), h.data(), b.size());
-  return b;
-}
-
-struct Errors {
-  double o, lse, dq, dk, dv;
-};
-
 // Runs the ring on `comm` and returns this rank's max errors against fp64, checking each against
 // FlashAttention-style tolerances (a few times the error of plain fp32 arithmetic).
-Errors run_and_check(comm::Communicator& comm, const Case& c) {
+ShardedReference::Errors run_and_check(comm::Communicator& comm, const Case& c) {
   const int P = comm.size(), rank = comm.rank();
   const ShardLayout layout(c.layout, c.L, P);
   const Mask mask = mask_variant(c.mask, c.L);
-  const MaskView mv = mask.view();
   SCOPED_TRACE(describe(c, mask) + " P=" + std::to_string(P) + " rank " + std::to_string(rank));
   const kernels::AttentionDims dims{c.B, c.H, c.Hkv, c.D, 1.0f / std::sqrt(float(c.D))};
-  const std::vector<int64_t> pos = layout.positions(rank), all = iota_positions(c.L);
+  const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = int64_t(pos.size());
   const uint64_t seed = 17;
-  auto q = rows_of(seed, RandomTensor::q, c.B, c.L, c.H * c.D, pos, c.dtype);
-  auto k = rows_of(seed, RandomTensor::k, c.B, c.L, c.Hkv * c.D, pos, c.dtype);
-  auto v = rows_of(seed, RandomTensor::v, c.B, c.L, c.Hkv * c.D, pos, c.dtype);
-  auto dout = rows_of(seed, RandomTensor::dout, c.B, c.L, c.H * c.D, pos, c.dtype);
+  auto q = seeded_rows(seed, RandomTensor::q, c.B, c.L, c.H * c.D, pos, c.dtype);
+  auto k = seeded_rows(seed, RandomTensor::k, c.B, c.L, c.Hkv * c.D, pos, c.dtype);
+  auto v = seeded_rows(seed, RandomTensor::v, c.B, c.L, c.Hkv * c.D, pos, c.dtype);
+  auto dout = seeded_rows(seed, RandomTensor::dout, c.B, c.L, c.H * c.D, pos, c.dtype);
   auto qs = stored(q, c.dtype), ks = stored(k, c.dtype), vs = stored(v, c.dtype), ds = stored(dout, c.dtype);
 
   auto backend = make_cpu_backend(1);
@@ -85,68 +61,7 @@ Errors run_and_check(comm::Communicator& comm, const Case& c) {
   std::vector<float> o(q.size()), lse(size_t(c.B * c.H * rows)), dq(q.size()), dk(k.size()), dv(v.size());
   ring.forward(qs.data(), ks.data(), vs.data(), o.data(), lse.data());
   ring.backward(qs.data(), ks.data(), vs.data(), o.data(), lse.data(), ds.data(), dq.data(), dk.data(), dv.data());
-
-  // References over the whole (small) sequence, computed on every rank for its rows.
-  const auto qa = rows_of(seed, RandomTensor::q, c.B, c.L, c.H * c.D, all, c.dtype);
-  const auto ka = rows_of(seed, RandomTensor::k, c.B, c.L, c.Hkv * c.D, all, c.dtype);
-  const auto va = rows_of(seed, RandomTensor::v, c.B, c.L, c.Hkv * c.D, all, c.dtype);
-  const auto da = rows_of(seed, RandomTensor::dout, c.B, c.L, c.H * c.D, all, c.dtype);
-  std::vector<double> ro_all(qa.size()), rl_all(size_t(c.B * c.H * c.L));
-  kernels::reference_forward(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, mv,
-                             ro_all.data(), rl_all.data());
-  std::vector<double> rd_all(rl_all.size());
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t i = 0; i < c.L; ++i)
-      for (int64_t h = 0; h < c.H; ++h) {
-        double s = 0;
-        for (int64_t d = 0; d < c.D; ++d) {
-          const size_t e = size_t(((b * c.L + i) * c.H + h) * c.D + d);
-          s += ro_all[e] * da[e];
-        }
-        rd_all[size_t((b * c.H + h) * c.L + i)] = s;
-      }
-  std::vector<double> rdq_all(qa.size(), 0.0), rdk_all(ka.size(), 0.0), rdv_all(ka.size(), 0.0);
-  kernels::reference_backward(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                              rl_all.data(), rd_all.data(), mv, rdq_all.data(), rdk_all.data(), rdv_all.data());
-  // The same in plain fp32, for the tolerance baseline; bf16 inputs on the bf16 dot-product kernels
-  // round P and dS to bf16 in the backward (FlashAttention-2's contract), and so does the baseline.
-  std::vector<float> no_all(qa.size()), nl_all(rl_all.size()), nd_all(rl_all.size());
-  kernels::naive_forward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, mv,
-                              no_all.data(), nl_all.data());
-  kernels::attention_delta(dims, c.L, no_all.data(), da.data(), DType::f32, nd_all.data());
-  std::vector<float> ndq_all(qa.size(), 0.0f), ndk_all(ka.size(), 0.0f), ndv_all(ka.size(), 0.0f);
-  kernels::naive_backward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                               nl_all.data(), nd_all.data(), mv, ndq_all.data(), ndk_all.data(), ndv_all.data(),
-                               kernels::cpu_same_precision(c.dtype));
-
-  // This rank's rows of (B, L, width) and of LSE (B, H, L).
-  auto mine = [&](const auto& full, int64_t width) {
-    std::vector<double> out(size_t(c.B * rows * width));
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t e = 0; e < width; ++e)
-          out[size_t((b * rows + r) * width + e)] = full[size_t((b * c.L + pos[r]) * width + e)];
-    return out;
-  };
-  auto mine_lse = [&](const auto& full) {
-    std::vector<double> out(size_t(c.B * c.H * rows));
-    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
-      for (int64_t r = 0; r < rows; ++r) out[size_t(bh * rows + r)] = full[size_t(bh * c.L + pos[r])];
-    return out;
-  };
-  Errors e{};
-  auto check = [&](const char* what, const std::vector<float>& got, const std::vector<double>& ref,
-                   const std::vector<double>& naive) {
-    const double err = max_abs_diff(got, ref), base = max_abs_diff(naive, ref);
-    EXPECT_LE(err, 4.0 * base + 2e-6) << what << ": error " << err << " vs fp32 naive " << base;
-    return err;
-  };
-  e.o = check("o", o, mine(ro_all, c.H * c.D), mine(no_all, c.H * c.D));
-  e.lse = check("lse", lse, mine_lse(rl_all), mine_lse(nl_all));
-  e.dq = check("dq", dq, mine(rdq_all, c.H * c.D), mine(ndq_all, c.H * c.D));
-  e.dk = check("dk", dk, mine(rdk_all, c.Hkv * c.D), mine(ndk_all, c.Hkv * c.D));
-  e.dv = check("dv", dv, mine(rdv_all, c.Hkv * c.D), mine(ndv_all, c.Hkv * c.D));
-  return e;
+  return ShardedReference(dims, mask, c.L, seed, c.dtype).check(pos, o, lse, dq, dk, dv);
 }
 
 class RingAttentionMpi : public ::testing::Test {
@@ -190,10 +105,10 @@ TEST_F(RingAttentionMpi, DeterministicRunToRun) {
   const kernels::AttentionDims dims{1, 2, 2, 32, 0.2f};
   const auto pos = layout.positions(comm->rank());
   const int64_t rows = int64_t(pos.size());
-  auto q = rows_of(1, RandomTensor::q, 1, 200, 64, pos, DType::f32);
-  auto k = rows_of(1, RandomTensor::k, 1, 200, 64, pos, DType::f32);
-  auto v = rows_of(1, RandomTensor::v, 1, 200, 64, pos, DType::f32);
-  auto d = rows_of(1, RandomTensor::dout, 1, 200, 64, pos, DType::f32);
+  auto q = seeded_rows(1, RandomTensor::q, 1, 200, 64, pos, DType::f32);
+  auto k = seeded_rows(1, RandomTensor::k, 1, 200, 64, pos, DType::f32);
+  auto v = seeded_rows(1, RandomTensor::v, 1, 200, 64, pos, DType::f32);
+  auto d = seeded_rows(1, RandomTensor::dout, 1, 200, 64, pos, DType::f32);
   auto backend = make_cpu_backend(2);
   RingAttention ring(*comm, *backend, layout, mask, RingOptions{dims, DType::f32, Schedule::direct});
   std::vector<float> o1(q.size()), l1(size_t(2 * rows)), dq1(q.size()), dk1(k.size()), dv1(v.size());
@@ -227,6 +142,10 @@ class CountingBackend final : public AttentionBackend {
   void download(void* dst, const void* src, size_t bytes) override { inner_->download(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { inner_->copy(dst, src, bytes); }
   void accumulate(float* dst, const float* src, size_t n) override { inner_->accumulate(dst, src, n); }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t height) override {
+    inner_->copy_2d(dst, dst_pitch, src, src_pitch, width, height);
+  }
   void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                const MaskView& mask, const kernels::AttentionState& state,
                const std::function<void()>& progress) override {
@@ -264,10 +183,10 @@ TEST_F(RingAttentionMpi, PassesAllocateNothingAndPostMatchingSteps) {
     const kernels::AttentionDims dims{1, 2, 1, 16, 0.25f};
     const auto pos = layout.positions(comm->rank());
     const int64_t rows = int64_t(pos.size());
-    auto q = rows_of(3, RandomTensor::q, 1, 150, 32, pos, DType::f32);
-    auto k = rows_of(3, RandomTensor::k, 1, 150, 16, pos, DType::f32);
-    auto v = rows_of(3, RandomTensor::v, 1, 150, 16, pos, DType::f32);
-    auto d = rows_of(3, RandomTensor::dout, 1, 150, 32, pos, DType::f32);
+    auto q = seeded_rows(3, RandomTensor::q, 1, 150, 32, pos, DType::f32);
+    auto k = seeded_rows(3, RandomTensor::k, 1, 150, 16, pos, DType::f32);
+    auto v = seeded_rows(3, RandomTensor::v, 1, 150, 16, pos, DType::f32);
+    auto d = seeded_rows(3, RandomTensor::dout, 1, 150, 32, pos, DType::f32);
     CountingBackend backend(make_cpu_backend(1));
     RingAttention ring(*comm, backend, layout, mask, RingOptions{dims, DType::f32, schedule});
     std::vector<float> o(q.size()), l(size_t(2 * rows)), dq(q.size()), dk(k.size()), dv(v.size());
@@ -296,12 +215,12 @@ TEST_F(RingAttentionMpi, ErrorDoesNotGrowWithRanks) {
   Case c{LayoutKind::zigzag, Schedule::direct, 1};
   c.L = 523;
   c.B = 1;
-  const Errors at_p = run_and_check(*comm, c);
+  const ShardedReference::Errors at_p = run_and_check(*comm, c);
   std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank() == 0 ? 0 : -1, 0);
   double worst[5] = {at_p.o, at_p.lse, at_p.dq, at_p.dk, at_p.dv};
   comm->allreduce(worst, 5, comm::DataType::f64, comm::ReduceOp::max);
   if (alone) {
-    const Errors at_1 = run_and_check(*alone, c);
+    const ShardedReference::Errors at_1 = run_and_check(*alone, c);
     const double one[5] = {at_1.o, at_1.lse, at_1.dq, at_1.dk, at_1.dv};
     const char* names[5] = {"o", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; ++i)

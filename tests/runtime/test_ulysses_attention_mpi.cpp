@@ -5,19 +5,19 @@
 // whole result, gathered, equals that of --ulysses 1 (the plain ring) to fp32 rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
-#include "kernels/cpu/attention_cpu.hpp"
-#include "kernels/reference.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
 #include "runtime/ulysses_attention.hpp"
 #include "tests/support/mask_variants.hpp"
+#include "tests/support/sharded_reference.hpp"
 #include "tests/support/test_util.hpp"
 
 namespace ringattn::testing {
@@ -45,22 +45,7 @@ std::string describe(const Case& c, const Mask& m) {
 }
 
 std::vector<float> rows_of(RandomTensor t, const Case& c, int64_t width, const std::vector<int64_t>& pos) {
-  std::vector<float> x(size_t(c.B * int64_t(pos.size()) * width));
-  random_rows(x.data(), 23, t, c.B, c.L, width, pos.data(), int64_t(pos.size()));
-  return c.dtype == DType::bf16 ? round_to_bf16(x) : x;
-}
-
-std::vector<uint8_t> stored(const std::vector<float>& x, DType dtype) {
-  std::vector<uint8_t> b;
-  if (dtype == DType::f32) {
-    b.resize(x.size() * 4);
-    std::memcpy(b.data(), x.data(), b.size());
-  } else {
-    const std::vector<bf16_bits> h = to_bf16(x);
-    b.resize(h.size() * 2);
-    std::memcpy(b.data(), h.data(), b.size());
-  }
-  return b;
+  return seeded_rows(23, t, c.B, c.L, width, pos, c.dtype);
 }
 
 // The outputs of one run, each rank's rows gathered into whole (B, L, width) tensors (small L).
@@ -103,7 +88,6 @@ std::vector<float> gather(comm::Communicator& comm, const std::vector<float>& mi
 Whole run_and_check(comm::Communicator& comm, const Case& given) {
   const Case c = with_heads(given);
   const Mask mask = mask_variant(c.mask, c.L);
-  const MaskView mv = mask.view();
   SCOPED_TRACE(describe(c, mask) + " P=" + std::to_string(comm.size()) + " rank " + std::to_string(comm.rank()));
   const kernels::AttentionDims dims{c.B, c.H, c.Hkv, c.D, 1.0f / std::sqrt(float(c.D))};
   auto backend = make_cpu_backend(1);
@@ -126,61 +110,7 @@ Whole run_and_check(comm::Communicator& comm, const Case& given) {
                                      4 * c.B * c.D * (group_rows - rows) * (c.H / U + 2 * kv_slice));
   EXPECT_EQ(attention.a2a_bytes_sent(), expected);
 
-  // References over the whole (small) sequence.
-  const std::vector<int64_t> all = iota_positions(c.L);
-  const auto qa = rows_of(RandomTensor::q, c, c.H * c.D, all), ka = rows_of(RandomTensor::k, c, c.Hkv * c.D, all);
-  const auto va = rows_of(RandomTensor::v, c, c.Hkv * c.D, all), da = rows_of(RandomTensor::dout, c, c.H * c.D, all);
-  std::vector<double> ro(qa.size()), rl(size_t(c.B * c.H * c.L)), rd(rl.size());
-  kernels::reference_forward(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, mv, ro.data(),
-                             rl.data());
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t i = 0; i < c.L; ++i)
-      for (int64_t h = 0; h < c.H; ++h) {
-        double s = 0;
-        for (int64_t e = 0; e < c.D; ++e) {
-          const size_t x = size_t(((b * c.L + i) * c.H + h) * c.D + e);
-          s += ro[x] * da[x];
-        }
-        rd[size_t((b * c.H + h) * c.L + i)] = s;
-      }
-  std::vector<double> rdq(qa.size(), 0.0), rdk(ka.size(), 0.0), rdv(ka.size(), 0.0);
-  kernels::reference_backward(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                              rl.data(), rd.data(), mv, rdq.data(), rdk.data(), rdv.data());
-  std::vector<float> no(qa.size()), nl(rl.size()), nd(rl.size());
-  kernels::naive_forward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, mv, no.data(),
-                              nl.data());
-  kernels::attention_delta(dims, c.L, no.data(), da.data(), DType::f32, nd.data());
-  std::vector<float> ndq(qa.size(), 0.0f), ndk(ka.size(), 0.0f), ndv(ka.size(), 0.0f);
-  // bf16 inputs on the bf16 dot-product kernels round P and dS to bf16 (FlashAttention-2's
-  // contract), and so does the baseline they are judged against.
-  kernels::naive_backward_fp32(dims, qa.data(), all.data(), c.L, ka.data(), va.data(), all.data(), c.L, da.data(),
-                               nl.data(), nd.data(), mv, ndq.data(), ndk.data(), ndv.data(),
-                               kernels::cpu_same_precision(c.dtype));
-
-  auto mine = [&](const auto& full, int64_t width) {
-    std::vector<double> out(size_t(c.B * rows * width));
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t e = 0; e < width; ++e)
-          out[size_t((b * rows + r) * width + e)] = full[size_t((b * c.L + pos[size_t(r)]) * width + e)];
-    return out;
-  };
-  auto mine_lse = [&](const auto& full) {
-    std::vector<double> out(size_t(c.B * c.H * rows));
-    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
-      for (int64_t r = 0; r < rows; ++r) out[size_t(bh * rows + r)] = full[size_t(bh * c.L + pos[size_t(r)])];
-    return out;
-  };
-  auto check = [&](const char* what, const std::vector<float>& got, const std::vector<double>& ref,
-                   const std::vector<double>& naive) {
-    const double err = max_abs_diff(got, ref), base = max_abs_diff(naive, ref);
-    EXPECT_LE(err, 4.0 * base + 2e-6) << what << ": error " << err << " vs fp32 naive " << base;
-  };
-  check("o", o, mine(ro, c.H * c.D), mine(no, c.H * c.D));
-  check("lse", lse, mine_lse(rl), mine_lse(nl));
-  check("dq", dq, mine(rdq, c.H * c.D), mine(ndq, c.H * c.D));
-  check("dk", dk, mine(rdk, c.Hkv * c.D), mine(ndk, c.Hkv * c.D));
-  check("dv", dv, mine(rdv, c.Hkv * c.D), mine(ndv, c.Hkv * c.D));
+  ShardedReference(dims, mask, c.L, 23, c.dtype).check(pos, o, lse, dq, dk, dv);
 
   // LSE (B, H, rows) gathered as rows of width B*H would interleave batches: transpose to
   // (rows, B*H) first, gather with B = 1, transpose back.
@@ -241,13 +171,79 @@ TEST_F(UlyssesMpi, GroupsPartitionTheSequence) {
     auto backend = make_cpu_backend(1);
     UlyssesAttention a(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
     EXPECT_EQ(a.group_comm() ? a.group_comm()->size() : 1, U);
-    EXPECT_EQ(a.ring_comm().size(), comm->size() / U);
     EXPECT_EQ(a.ring().plan().steps().size(), size_t(comm->size() / U));
+    EXPECT_EQ(a.ring().rank_at(a.group()), comm->rank());
+    EXPECT_EQ(a.layout().group_of(comm->rank()), a.group());
+    EXPECT_EQ(a.layout().member_of(comm->rank()), a.member());
     // Every position is held by exactly one rank.
     const std::vector<float> whole = gather(*comm, std::vector<float>(a.positions().begin(), a.positions().end()),
                                               a.positions(), 1, 101, 1);
     for (int64_t t = 0; t < 101; ++t) EXPECT_EQ(whole[size_t(t)], float(t));
   }
+}
+
+// A group is U ranks of one node whenever every node holds a multiple of U ranks (whatever the
+// ranks' order), else U consecutive ranks. Under RINGATTN_TEST_NODES (registered with
+// round-robin pretend nodes) every test of this file runs on such a placement.
+TEST_F(UlyssesMpi, GroupsAreRanksOfOneNode) {
+  const std::vector<int> nodes = find_nodes(*comm);
+  for (int U : ulysses_degrees()) {
+    if (U == 1) continue;
+    const Mask mask;
+    const kernels::AttentionDims dims{1, 12, 12, 16, 0.25f};
+    auto backend = make_cpu_backend(1);
+    UlyssesAttention a(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
+    // The group's members, by member index, and their nodes.
+    std::vector<int> members(static_cast<size_t>(U));
+    const int me = comm->rank();
+    a.group_comm()->allgather(&me, members.data(), sizeof me);
+    bool one_node = true;
+    for (int u = 0; u < U; ++u) {
+      EXPECT_EQ(members[size_t(u)], a.layout().member_rank(a.group(), u));
+      one_node = one_node && nodes[size_t(members[size_t(u)])] == nodes[size_t(me)];
+    }
+    std::vector<int> per_node(static_cast<size_t>(comm->size()), 0);
+    for (int n : nodes) ++per_node[size_t(std::find(nodes.begin(), nodes.end(), n) - nodes.begin())];
+    const bool fits = std::all_of(per_node.begin(), per_node.end(), [&](int c) { return c % U == 0; });
+    EXPECT_EQ(a.placement().node_local, fits) << "U=" << U;
+    if (fits) EXPECT_TRUE(one_node) << "U=" << U << ": rank " << me << "'s group spans nodes";
+    else EXPECT_EQ(members[0], a.group() * U) << "U=" << U << ": the fallback is consecutive ranks";
+  }
+}
+
+TEST(UlyssesPlacement, NodeLocalGroupsOrConsecutiveRanks) {
+  // Round-robin over two nodes: groups {0,2}, {4,6} on node 0, then {1,3}, {5,7} on node 1.
+  UlyssesPlacement p = place_ulysses_groups({0, 1, 0, 1, 0, 1, 0, 1}, 2);
+  EXPECT_TRUE(p.node_local);
+  EXPECT_EQ(p.members, (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
+  EXPECT_TRUE(p.note.empty());
+  // Block placement (and one node) is consecutive ranks.
+  EXPECT_EQ(place_ulysses_groups({0, 0, 0, 0, 4, 4, 4, 4}, 4).members, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(place_ulysses_groups({7, 7, 7}, 3).members, (std::vector<int>{0, 1, 2}));
+  // Nodes of 3 and 1 ranks cannot hold groups of 2: consecutive ranks, and a note saying why.
+  p = place_ulysses_groups({0, 0, 1, 0}, 2);
+  EXPECT_FALSE(p.node_local);
+  EXPECT_EQ(p.members, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_NE(p.note.find("hold 3, 1 ranks"), std::string::npos) << p.note;
+  // Uneven nodes that each hold whole groups: node by node (node ids are only labels).
+  EXPECT_EQ(place_ulysses_groups({5, 2, 5, 2, 5, 5}, 2).members, (std::vector<int>{0, 2, 4, 5, 1, 3}));
+  // The layout over such a placement: every position held once, by the rank locate() names.
+  const ShardLayout layout(LayoutKind::zigzag, 37, 6, 2, {0, 2, 4, 5, 1, 3});
+  std::vector<int> holder(37, -1);
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(layout.member_rank(layout.group_of(r), layout.member_of(r)), r);
+    const std::vector<int64_t> pos = layout.positions(r);
+    for (size_t i = 0; i < pos.size(); ++i) {
+      EXPECT_EQ(holder[size_t(pos[i])], -1);
+      holder[size_t(pos[i])] = r;
+      const ShardLayout::Location at = layout.locate(pos[i]);
+      EXPECT_EQ(at.rank, r);
+      EXPECT_EQ(at.row, int64_t(i));
+    }
+  }
+  EXPECT_EQ(std::count(holder.begin(), holder.end(), -1), 0);
+  // Rank 1 is member 0 of group 2: the rows consecutive placement gives rank 4.
+  EXPECT_EQ(layout.positions(1), ShardLayout(LayoutKind::zigzag, 37, 6, 2).positions(4));
 }
 
 TEST_F(UlyssesMpi, MasksAndLayoutsMatchFp64AndTheRing) {
