@@ -252,24 +252,32 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
   backend_.synchronize();
 }
 
+void UlyssesAttention::inputs_to_heads(const void* q, const void* k, const void* v, const float* o,
+                                       const float* lse) {
+  const size_t elem = size_t(dtype_bytes(options_.dtype));
+  const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
+  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
+  reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));
+  reserve(k_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+  reserve(v_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
+  reserve(o_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
+  reserve(lse_heads_, sizeof(float) * size_t(B * Hl * group_rows_));
+  const Resharding rkv = tensor_resharding(Hkv, elem, true);
+  reshard(tensor_resharding(H, elem, false), Direction::to_heads, q, q_heads_.data());
+  reshard(rkv, Direction::to_heads, k, k_heads_.data());
+  reshard(rkv, Direction::to_heads, v, v_heads_.data());
+  if (o) reshard(tensor_resharding(H, sizeof(float), false), Direction::to_heads, o, o_heads_.data());
+  if (lse) reshard(lse_resharding(), Direction::to_heads, lse, lse_heads_.data());
+}
+
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
   if (groups_->ulysses == 1) return ring_->forward(q, k, v, o, lse);
   const double t0 = comm::now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
-  const size_t elem = size_t(dtype_bytes(options_.dtype));
-  const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
-  const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
-  const Resharding rq = tensor_resharding(H, elem, false), rkv = tensor_resharding(Hkv, elem, true);
-  reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));
-  reserve(k_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
-  reserve(v_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
-  reserve(o_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
-  reserve(lse_heads_, sizeof(float) * size_t(B * Hl * group_rows_));
-  reshard(rq, Direction::to_heads, q, q_heads_.data());
-  reshard(rkv, Direction::to_heads, k, k_heads_.data());
-  reshard(rkv, Direction::to_heads, v, v_heads_.data());
+  const int64_t H = options_.dims.heads;
+  inputs_to_heads(q, k, v);
   PassStats stats = ring_->forward(q_heads_.data(), k_heads_.data(), v_heads_.data(), o_heads_.as<float>(),
                                    lse_heads_.as<float>());
   reshard(tensor_resharding(H, sizeof(float), false), Direction::to_rows, o_heads_.data(), o);
@@ -290,21 +298,12 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   const size_t elem = size_t(dtype_bytes(options_.dtype));
   const int64_t H = options_.dims.heads, Hkv = options_.dims.kv_heads;
   const int64_t B = local_dims_.batch, Hl = local_dims_.heads, Hkvl = local_dims_.kv_heads, D = local_dims_.head_dim;
-  const Resharding rq = tensor_resharding(H, elem, false), rkv = tensor_resharding(Hkv, elem, true);
+  const Resharding rq = tensor_resharding(H, elem, false);
   const Resharding rq32 = tensor_resharding(H, sizeof(float), false);
   const Resharding rkv32 = tensor_resharding(Hkv, sizeof(float), true);
   const void* args[5] = {q, k, v, o, lse};
   if (!std::equal(args, args + 5, forward_args_)) {  // not the last forward's tensors: exchange them
-    reserve(q_heads_, elem * size_t(B * group_rows_ * Hl * D));
-    reserve(k_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
-    reserve(v_heads_, elem * size_t(B * group_rows_ * Hkvl * D));
-    reserve(o_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
-    reserve(lse_heads_, sizeof(float) * size_t(B * Hl * group_rows_));
-    reshard(rq, Direction::to_heads, q, q_heads_.data());
-    reshard(rkv, Direction::to_heads, k, k_heads_.data());
-    reshard(rkv, Direction::to_heads, v, v_heads_.data());
-    reshard(rq32, Direction::to_heads, o, o_heads_.data());
-    reshard(lse_resharding(), Direction::to_heads, lse, lse_heads_.data());
+    inputs_to_heads(q, k, v, o, lse);
     std::copy(args, args + 5, forward_args_);
   }
   reserve(dout_heads_, elem * size_t(B * group_rows_ * Hl * D));

@@ -177,6 +177,10 @@ class UlyssesAttention {
   void copy_box(const Shape& shape, const Box& box, const void* src, void* dst, bool pack);
   // `buffer` holds at least `bytes` (grown, never shrunk, between passes).
   void reserve(DeviceBuffer& buffer, size_t bytes);
+  // Exchanges q, k and v into the group's head-sharded buffers (reserved on first use), and o and
+  // lse when given (the backward pass's inputs).
+  void inputs_to_heads(const void* q, const void* k, const void* v, const float* o = nullptr,
+                       const float* lse = nullptr);
 
   comm::Communicator& comm_;
   AttentionBackend& backend_;
