@@ -182,7 +182,7 @@ void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, 
 }
 
 size_t cuda_attention_backward_workspace_bytes(const AttentionDims& dims, int64_t q_rows) {
-  check_dims(dims, "cuda_attention_backward_workspace_bytes");
+  if (!cuda_tensor_cores_apply(dims, ElementType::bf16, nullptr, nullptr, nullptr) || q_rows <= 0) return 0;
   return gpu::backward_workspace_bytes(static_cast<int>(dims.head_dim), dims.batch, dims.heads, q_rows);
 }
 

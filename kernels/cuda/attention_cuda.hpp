@@ -101,7 +101,7 @@ void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, 
                              const MaskView& mask, const CudaOptions& options);
 
 // Bytes of CudaOptions::workspace a backward call over `q_rows` query rows uses (O(batch x heads x
-// q_rows / 32): one flag per query tile and head).
+// q_rows / 16): one flag per query tile and head); 0 for head dims off the tensor cores.
 size_t cuda_attention_backward_workspace_bytes(const AttentionDims& dims, int64_t q_rows);
 
 }  // namespace ringattn::kernels
