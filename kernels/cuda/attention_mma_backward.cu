@@ -66,21 +66,30 @@ struct BackwardShape {
   }
 };
 
-// The shape per head dim and architecture family, chosen by occupancy (README, "The tensor-core
-// kernels"): tiles of 32 query rows, two CTAs per multiprocessor (D = 64 would get three at 168
-// registers, with spills); at D = 256 on sm_90 tiles of 16 rows, so that two CTAs fit its
-// shared memory (105 KiB each; 32 rows need 142 KiB), while sm_80 fits one CTA either way.
+// The shape per head dim and architecture family, chosen by occupancy as the forward's
+// (README, "Tile shapes"): the most CTAs per multiprocessor without spills, with query tiles of
+// at least 32 rows unless smaller ones are needed to reach two CTAs; on a tie, larger tiles.
 template <int D, int Arch>
-struct BackwardChoice {
-  using type = BackwardShape<D, 32, 2, 0>;
+struct BackwardChoice;
+template <int Arch>
+struct BackwardChoice<64, Arch> {  // 244 registers, 69 KiB: 2 CTAs (32 rows too; 16 rows: 3)
+  using type = BackwardShape<64, 64, 2, 0>;
+};
+template <int Arch>
+struct BackwardChoice<96, Arch> {  // 240 registers, 61 KiB: 2 CTAs
+  using type = BackwardShape<96, 32, 2, 0>;
+};
+template <int Arch>
+struct BackwardChoice<128, Arch> {  // 254 registers, 77 KiB: 2 CTAs
+  using type = BackwardShape<128, 32, 2, 0>;
 };
 template <>
-struct BackwardChoice<256, 90> {
-  using type = BackwardShape<256, 16, 2, 90>;
-};
-template <>
-struct BackwardChoice<256, 80> {
+struct BackwardChoice<256, 80> {  // 254 registers, 141 KiB: 1 CTA (16 rows: 105 KiB, 1 CTA too)
   using type = BackwardShape<256, 32, 1, 80>;
+};
+template <>
+struct BackwardChoice<256, 90> {  // 250 registers, 105 KiB: 2 CTAs (32 rows: 1)
+  using type = BackwardShape<256, 16, 2, 90>;
 };
 
 template <class T, int D, class Tiles>

@@ -1,8 +1,9 @@
 // Tensor-core forward pass (FlashAttention-2 tiling, mma.sync m16n8k16, bf16/fp16 in, fp32 out).
 //
 // CTA = 4 warps = a tile of 64 query rows for one (head, batch); warp w owns rows 16w..16w+15.
-// The Q tile is staged in shared memory once and its A fragments kept in registers (D <= 128);
-// the visible blocks of keys (64 keys; ForwardChoice) pass through two shared-memory buffers (the
+// The Q tile is staged in shared memory once and its A fragments kept in registers (or read from
+// there per block); the visible blocks of keys (16 to 64 keys: ForwardChoice, per head dim and
+// architecture) pass through two shared-memory buffers (the
 // next block's K and V are copied with cp.async while this one is computed, tile_pipeline.cuh);
 // S = Q K^T is computed into registers (fragments by ldmatrix, mma.cuh), masked (partial blocks
 // only) and turned into P with the online softmax, and O += P V with P rounded to the input type
@@ -41,21 +42,35 @@ struct ForwardShape {
   __host__ __device__ static constexpr size_t shared_bytes() { return kMaskBytes + kQBytes + Keys::shared_bytes(); }
 };
 
-// The shape per head dim and architecture family, chosen by occupancy (README, "The tensor-core
-// kernels"): D <= 128 keeps Q in registers with blocks of 64 keys; D = 256 reads Q from shared
-// memory, with blocks of 32 keys on sm_90 (101 KiB: two CTAs in its 228 KiB) and of 16 on sm_80
-// (68 KiB: two CTAs in its 164 KiB, where 32 keys would allow one).
+// The shape per head dim and architecture family, chosen by occupancy (README, "Tile shapes"):
+// the most CTAs per multiprocessor that registers and shared memory allow without spills, with
+// blocks of at least 32 keys unless smaller ones are needed to reach two CTAs (each block costs
+// two barriers and rescaling O whatever its size); on a tie, larger blocks, then Q in registers.
 template <int D, int Arch>
-struct ForwardChoice {
-  using type = ForwardShape<D, 64, true, D == 64 ? 3 : 2, 0>;
+struct ForwardChoice;
+template <int Arch>
+struct ForwardChoice<64, Arch> {  // 167 registers, 39 KiB: 3 CTAs
+  using type = ForwardShape<64, 64, true, 3, 0>;
 };
 template <>
-struct ForwardChoice<256, 90> {
-  using type = ForwardShape<256, 32, false, 2, 90>;
+struct ForwardChoice<96, 80> {  // 161 registers, 41 KiB: 3 CTAs (64 keys: 2)
+  using type = ForwardShape<96, 32, false, 3, 80>;
 };
 template <>
-struct ForwardChoice<256, 80> {
+struct ForwardChoice<96, 90> {  // 168 registers, 68 KiB: 3 CTAs
+  using type = ForwardShape<96, 64, false, 3, 90>;
+};
+template <int Arch>
+struct ForwardChoice<128, Arch> {  // 162-167 registers, 53 KiB: 3 CTAs (64 keys, Q in registers: 2)
+  using type = ForwardShape<128, 32, false, 3, 0>;
+};
+template <>
+struct ForwardChoice<256, 80> {  // 226 registers, 68 KiB: 2 CTAs (32 keys: 1)
   using type = ForwardShape<256, 16, false, 2, 80>;
+};
+template <>
+struct ForwardChoice<256, 90> {  // 247 registers, 101 KiB: 2 CTAs
+  using type = ForwardShape<256, 32, false, 2, 90>;
 };
 
 template <class T, int D, class Tiles>

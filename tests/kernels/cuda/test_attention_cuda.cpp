@@ -489,18 +489,20 @@ TEST(AttentionCuda, HeadDims96And256OnTensorCores) {
 }
 
 #if defined(RINGATTN_CUDA_EMULATION)
-// The shapes the kernels take on sm_80 where they differ from sm_90's (D = 256: forward key
-// blocks of 16, backward query tiles of 32; tensor_core_launch.cuh), on the emulation set to 8.0.
+// The shapes the kernels take on sm_80 where they differ from sm_90's (forward: key blocks of 32
+// at D = 96, of 16 at D = 256; backward: query tiles of 32 at D = 256), on the emulation set to 8.0.
 TEST(AttentionCuda, Sm80ShapesOnTheEmulation) {
   cuda_emulation::set_compute_capability(8, 0);
   struct Restore {
     ~Restore() { cuda_emulation::set_compute_capability(9, 0); }
   } restore;
-  Problem p = basic(150, 256, 2, 1);
-  p.mask.causal = true;
-  const int64_t n = (150 + 31) / 32;
-  p.mask.set_block_mask(random_block_mask(n, 13, 0.7), n, 32);
-  check_problem(p);
+  for (int64_t D : {96, 256}) {
+    Problem p = basic(150, D, 2, 1);
+    p.mask.causal = true;
+    const int64_t n = (150 + 31) / 32;
+    p.mask.set_block_mask(random_block_mask(n, 13, 0.7), n, 32);
+    check_problem(p);
+  }
 }
 #endif
 
