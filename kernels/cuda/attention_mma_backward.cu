@@ -21,8 +21,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
-#include "kernels/cuda/tensor_core_launch.cuh"
 #include "kernels/cuda/row_statistics.cuh"
+#include "kernels/cuda/tensor_core_launch.cuh"
 #include "kernels/cuda/tile_pipeline.cuh"
 #include "kernels/mask/tile_plan.hpp"
 
@@ -67,7 +67,7 @@ struct BackwardShape {
 };
 
 // The shape per head dim and architecture family, chosen by occupancy as the forward's
-// (README, "Tile shapes"): the most CTAs per multiprocessor without spills, with query tiles of
+// (README, "The tensor-core kernels"): the most CTAs per multiprocessor without spills, with query tiles of
 // at least 32 rows unless smaller ones are needed to reach two CTAs; on a tie, larger tiles.
 template <int D, int Arch>
 struct BackwardChoice;
