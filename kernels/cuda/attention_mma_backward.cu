@@ -66,9 +66,9 @@ struct BackwardShape {
   }
 };
 
-// The shape per head dim and architecture family, chosen by occupancy as the forward's
-// (README, "The tensor-core kernels"): the most CTAs per multiprocessor without spills, with query tiles of
-// at least 32 rows unless smaller ones are needed to reach two CTAs; on a tie, larger tiles.
+// The shape per head dim and architecture family, chosen by occupancy as the forward's (README,
+// "The tensor-core kernels"): the most CTAs per multiprocessor without spills, with query tiles
+// of at least 32 rows unless smaller ones are needed to reach two CTAs; on a tie, larger tiles.
 template <int D, int Arch>
 struct BackwardChoice;
 template <int Arch>
