@@ -258,8 +258,8 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
   if (ctas > 0x7fffffff || flag_count<Shape>(p) > 0x7fffffff)
     throw std::invalid_argument("cuda_attention_backward: too many key blocks or query tiles x heads x batch entries "
                                 "for one launch");
-  launch_tensor_core(backward_kernel<T, D, Shape>, dim3(unsigned(ctas)), Shape::kThreads, Shape::shared_bytes(), stream,
-                     p);
+  launch_with_shared_memory(backward_kernel<T, D, Shape>, dim3(unsigned(ctas)), Shape::kThreads, Shape::shared_bytes(),
+                            stream, p);
 }
 
 // Device memory the call allocates, released (stream-ordered) however the call ends.

@@ -223,8 +223,8 @@ template <class T, int D, class Shape>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
-  launch_tensor_core(forward_kernel<T, D, Shape>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads,
-                     Shape::shared_bytes(), stream, p);
+  launch_with_shared_memory(forward_kernel<T, D, Shape>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)),
+                            kThreads, Shape::shared_bytes(), stream, p);
 }
 
 }  // namespace

@@ -43,6 +43,16 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
 #endif
 }
 
+// launch_kernel with `shared_bytes` of dynamic shared memory, opted in unconditionally (a no-op
+// below 48 KiB, so that a bad size fails here, named), and the launch checked.
+template <class... Params, class... Args>
+void launch_with_shared_memory(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                               cudaStream_t stream, const Args&... args) {
+  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  launch_kernel(kernel, grid, block, shared_bytes, stream, args...);
+  RINGATTN_CUDA_CHECK_LAUNCH("kernel launch");
+}
+
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 

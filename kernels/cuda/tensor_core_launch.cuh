@@ -1,5 +1,5 @@
 // What the tensor-core forward and backward launchers share: the choice of kernel instance for
-// the inputs (element type, head dim) and the GPU's architecture, and the launch itself.
+// the inputs (element type, head dim) and the GPU's architecture.
 //
 // Tile shapes are chosen per (head dim, architecture family) by occupancy (README, "The
 // tensor-core kernels"): a kernel template takes a Shape type, and each launcher maps (D, family)
@@ -67,17 +67,6 @@ void dispatch_tensor_core(const AttentionParams& p, F&& f) {
     default:
       return by_type(HeadDim<256>{});
   }
-}
-
-// kernel<<<grid, threads, shared_bytes, stream>>>(p), with the dynamic shared memory opted in
-// unconditionally (a no-op below 48 KiB, so that a bad size fails here, named) and the launch
-// checked.
-template <class Kernel>
-void launch_tensor_core(Kernel kernel, dim3 grid, int threads, size_t shared_bytes, cudaStream_t stream,
-                        const AttentionParams& p) {
-  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-  launch_kernel(kernel, grid, dim3(threads), shared_bytes, stream, p);
-  RINGATTN_CUDA_CHECK_LAUNCH("tensor-core kernel");
 }
 
 }  // namespace ringattn::kernels::gpu
