@@ -80,14 +80,19 @@ def demangle(names):
     return dict(zip(names, out if len(out) == len(names) else names))
 
 def short(mangled, name):
-    # ringattn::kernels::gpu::(anonymous namespace)::forward_kernel<__nv_bfloat16, 64>(...) -> mma_forward:forward_kernel<bf16,64>
+    # ringattn::kernels::gpu::(anonymous namespace)::forward_kernel<__nv_bfloat16, 64, ...::ForwardShape<64, 64,
+    # true, 3, 0> >(...) -> ("mma_forward:forward_kernel<bf16,64>", "64,true,3", 0): the tile shape's arguments
+    # but the last, which is the architecture family the shape's body is compiled for (0: every family).
     name = name.replace("(anonymous namespace)", "anon")
+    shape = re.search(r"\w+Shape<([^<>]*)>", name)
+    args = shape.group(1).replace(" ", "").split(",") if shape else []
+    if shape:
+        name = name[:shape.start()].rsplit(",", 1)[0] + ">" + name[shape.end():].lstrip(" >")
     m = re.search(r"([A-Za-z_0-9]+)(<[^()]*>)?\(", name)
     base = (m.group(1) + (m.group(2) or "")) if m else name
     base = base.replace("__nv_bfloat16", "bf16").replace("__half", "fp16").replace(" ", "")
     source = re.search(r"_attention_(\w+?)_cu_", mangled)  # kernels of an unnamed namespace carry their file
-    return f"{source.group(1)}:{base}" if source else base
-
+    return (f"{source.group(1)}:{base}" if source else base), ",".join(args[1:-1]), int(args[-1]) if args else 0
 rows = []
 for arch in archs:
     res = {}
@@ -132,7 +137,10 @@ for arch in archs:
                 if in_loop(addr):
                     loop_count[base] += 1
         r = res.get(name, dict(reg=0, stack=0, shared=0, local=0))
-        rows.append(dict(arch=f"sm_{arch}", kernel=short(name, pretty[name]), registers=r["reg"], stack_bytes=r["stack"],
+        kernel, shape, family = short(name, pretty[name])
+        if family and family != int(arch) // 10 * 10:
+            continue  # a shape of the other family: an empty body here
+        rows.append(dict(arch=f"sm_{arch}", kernel=kernel, shape=shape, registers=r["reg"], stack_bytes=r["stack"],
                          shared_static_bytes=r["shared"], spill_instructions=count["LDL"] + count["STL"],
                          hmma=count["HMMA"], ldsm=count["LDSM"], lds=count["LDS"], call=count["CALL"],
                          hmma_in_loops=loop_count["HMMA"], ldsm_in_loops=loop_count["LDSM"],
@@ -142,12 +150,12 @@ for arch in archs:
                                                 if loop_count["HMMA"] else None)))
 
 rows.sort(key=lambda r: (r["arch"], r["hmma"] == 0, r["kernel"]))
-head = f"{'arch':6} {'kernel':40} {'regs':>4} {'stack':>5} {'spill':>5} {'HMMA':>5} {'LDSM':>5} {'LDS':>5} {'CALL':>4} " \
+head = f"{'arch':6} {'kernel':40} {'shape':10} {'regs':>4} {'stack':>5} {'spill':>5} {'HMMA':>5} {'LDSM':>5} {'LDS':>5} {'CALL':>4} " \
        f"{'LDS/HMMA':>8} | in loops: {'HMMA':>5} {'LDSM':>5} {'LDS':>5} {'CALL':>4}"
 print(head)
 for r in rows:
     per = "-" if r["lds_per_hmma"] is None else f"{r['lds_per_hmma']:.2f}"
-    print(f"{r['arch']:6} {r['kernel'][:40]:40} {r['registers']:>4} {r['stack_bytes']:>5} {r['spill_instructions']:>5} "
+    print(f"{r['arch']:6} {r['kernel'][:40]:40} {r['shape'][:10]:10} {r['registers']:>4} {r['stack_bytes']:>5} {r['spill_instructions']:>5} "
           f"{r['hmma']:>5} {r['ldsm']:>5} {r['lds']:>5} {r['call']:>4} {per:>8} | "
           f"{'':>10}{r['hmma_in_loops']:>5} {r['ldsm_in_loops']:>5} {r['lds_in_loops']:>5} {r['call_in_loops']:>4}")
 tc = [r for r in rows if r["hmma"]]

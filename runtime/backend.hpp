@@ -78,10 +78,12 @@ class AttentionBackend {
                         const kernels::KeyValueRows& kv, const void* dout, const float* lse, const float* delta,
                         float* dq, float* dk, float* dv, const MaskView& mask,
                         const std::function<void()>& progress) = 0;
-  // Called once when a RingAttention is built: allocates now whatever later kernel calls on this
-  // mask with up to `max_rows` query or key rows would allocate (device copies of the mask and
-  // of positions), so that no call during a pass allocates memory. A no-op on the CPU.
-  virtual void prepare(const MaskView& mask, int64_t max_rows) {
+  // Called once when a RingAttention is built: allocates now whatever later kernel calls of these
+  // dims on this mask with up to `max_rows` query or key rows would allocate (device copies of the
+  // mask and of positions, the backward kernel's workspace), so that no call during a pass
+  // allocates memory. A no-op on the CPU.
+  virtual void prepare(const kernels::AttentionDims& dims, const MaskView& mask, int64_t max_rows) {
+    (void)dims;
     (void)mask;
     (void)max_rows;
   }

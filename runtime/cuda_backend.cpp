@@ -37,13 +37,16 @@ class DeviceMirror {
 
   // Room for `bytes` bytes, allocated now (RingAttention's construction) rather than in a pass.
   void reserve(size_t bytes) {
-    if (bytes <= capacity_) return;
+    if (bytes == 0 || bytes <= capacity_) return;
     if (device_) check(cudaFree(device_), "cudaFree");
     device_ = nullptr;
     check(cudaMalloc(&device_, bytes), "cudaMalloc for positions or mask");
     capacity_ = bytes;
     copy_.clear();
   }
+
+  void* data() const { return device_; }
+  size_t capacity() const { return capacity_; }
 
   // Device pointer holding `bytes` bytes equal to `host` (stream-ordered upload on `stream`).
   // Allocates only beyond the reserved room (never for a prepared RingAttention).
@@ -158,11 +161,12 @@ class CudaBackend final : public AttentionBackend {
     check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), order_event_, 0), "ordering the caller's stream after ours");
   }
 
-  void prepare(const MaskView& mask, int64_t max_rows) override {
+  void prepare(const kernels::AttentionDims& dims, const MaskView& mask, int64_t max_rows) override {
     const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(max_rows, 1));
     q_pos_.reserve(bytes);
     k_pos_.reserve(bytes);
     device_mask(mask);  // uploads the doc offsets and block mask now; later calls find them equal
+    workspace_.reserve(kernels::cuda_attention_backward_workspace_bytes(dims, max_rows));
   }
 
  private:
@@ -177,6 +181,8 @@ class CudaBackend final : public AttentionBackend {
   kernels::CudaOptions options() const {
     kernels::CudaOptions o;
     o.stream = stream_;
+    o.workspace = workspace_.data();  // calls run one after another on stream_: one workspace serves all
+    o.workspace_bytes = workspace_.capacity();
     return o;
   }
 
@@ -214,6 +220,7 @@ class CudaBackend final : public AttentionBackend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t order_event_ = nullptr;  // after_stream, before_stream
   DeviceMirror q_pos_, k_pos_, docs_, blocks_;
+  DeviceMirror workspace_;  // room only (reserve): the backward kernel's bookkeeping
 };
 
 }  // namespace

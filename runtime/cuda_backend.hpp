@@ -11,7 +11,8 @@
 //
 // Positions and the mask arrive as host arrays; the backend copies them to the device per call
 // (positions) or once per distinct mask (doc offsets and block mask, compared by content), into
-// device buffers that prepare() allocates when a RingAttention is built: no pass allocates.
+// device buffers that prepare() allocates when a RingAttention is built, with the workspace of the
+// tensor-core backward kernel: no pass allocates.
 #pragma once
 
 #include <memory>

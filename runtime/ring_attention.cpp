@@ -51,9 +51,9 @@ RingAttention::RingAttention(comm::Communicator& comm, AttentionBackend& backend
       if (!ring) kv_out_[i] = DeviceBuffer(backend_, kv_message_bytes(max_rows_));
     }
   if (ring && P > 1) own_shard_ = DeviceBuffer(backend_, kv_message_bytes(rows()));
-  // Device copies of the mask and room for the positions of every step, so that no kernel call
-  // of a pass allocates.
-  backend_.prepare(mask_view_, std::max(max_rows_, rows()));
+  // Device copies of the mask, room for the positions of every step and the kernels' workspace, so
+  // that no kernel call of a pass allocates.
+  backend_.prepare(options_.dims, mask_view_, std::max(max_rows_, rows()));
 }
 
 size_t RingAttention::kv_row_bytes() const {

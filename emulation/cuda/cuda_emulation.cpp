@@ -48,7 +48,9 @@ namespace {
 
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kDefaultSharedLimit = 48 * 1024;
-constexpr size_t kOptInSharedLimit = 166912;  // sm_80's block maximum (sm_90: 232448)
+int g_major = 9, g_minor = 0;  // the emulated compute capability
+// The block maximum of dynamic shared memory: sm_80's, sm_90's (and newer).
+size_t opt_in_shared_limit() { return g_major >= 9 ? 232448 : 166912; }
 
 // Threads that meet at a barrier: the whole block, or one warp.
 struct Group {
@@ -377,6 +379,13 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
   for (int i = 0; i < 4; ++i) d[i] = ex.d[lane][i];
 }
 
+void wait_equal(const int* flag, int value) {
+  current_fiber();
+  if (*flag != value)
+    fail("a block waits for a flag to hold " + std::to_string(value) + " but it holds " + std::to_string(*flag) +
+         ": the block that sets it has not run before this one (on a GPU the wait may never end)");
+}
+
 void async_copy(void* shared_dst, const void* global_src, size_t bytes) {
   current_fiber().open_group.push_back({shared_dst, global_src, bytes});
 }
@@ -404,9 +413,9 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, co
   }
   const auto opt_in = g_shared_opt_in.find(kernel);
   const size_t limit = opt_in == g_shared_opt_in.end() ? kDefaultSharedLimit : size_t(opt_in->second);
-  if (shared_bytes > limit || shared_bytes > kOptInSharedLimit) {
+  if (shared_bytes > limit || shared_bytes > opt_in_shared_limit()) {
     std::fprintf(stderr, "CUDA emulation: %zu bytes of dynamic shared memory, the kernel's limit is %zu\n",
-                 shared_bytes, std::min(limit, kOptInSharedLimit));
+                 shared_bytes, std::min(limit, opt_in_shared_limit()));
     g_last_error = cudaErrorInvalidValue;
     return;
   }
@@ -419,6 +428,8 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, co
 }
 
 void set_max_dynamic_shared(const void* kernel, int bytes) { g_shared_opt_in[kernel] = bytes; }
+
+void set_compute_capability(int major, int minor) { g_major = major, g_minor = minor; }
 
 cudaError_t take_last_error(bool clear) {
   const cudaError_t e = g_last_error;
@@ -543,5 +554,17 @@ cudaError_t cudaFreeHost(void* p) {
 // Devices, streams and events: emulation/cuda/streams.cpp.
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   *prop = cudaDeviceProp{};
+  prop->major = cuda_emulation::g_major, prop->minor = cuda_emulation::g_minor;
   return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  switch (attribute) {
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = cuda_emulation::g_major;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = cuda_emulation::g_minor;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
 }

@@ -93,6 +93,7 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault = 4
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
 
 namespace cuda_emulation {
 
@@ -120,12 +121,22 @@ void async_wait(int groups_in_flight);
 // and inside the block's shared memory.
 void load_matrix(uint32_t* out, int matrices, bool transpose, const void* row_address);
 
+// A block waits until a flag in global memory, set by another block, holds `value` (the ordered
+// dQ additions of the backward kernel). Blocks run one after another here, so the flag must
+// already hold it: otherwise the block waited for runs later (on a GPU, a wait that may never
+// end), and the launch fails naming the flag's value and the one expected.
+void wait_equal(const int* flag, int value);
+
 enum class MmaInput { bf16, f16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaInput input);
 
 // Runs `body` once per thread of every block of the grid (blocks one after another).
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 void set_max_dynamic_shared(const void* kernel, int bytes);
+// The compute capability the emulated device reports (default 9.0), which also sets the largest
+// dynamic shared memory a block may opt in to (sm_80: 163 KiB; sm_90: 227 KiB). Tests set it to run
+// the kernels' shapes for each architecture family.
+void set_compute_capability(int major, int minor);
 // Queues work that completes later on `stream` (streams.cpp): `done` is polled, in issue order.
 void enqueue(cudaStream_t stream, std::function<bool()> done);
 cudaError_t take_last_error(bool clear);
@@ -210,6 +221,17 @@ inline unsigned __float_as_uint(float f) {
 // Fast division (MUFU.RCP on the GPU, within 2 ulp): exact here.
 inline float __fdividef(float a, float b) { return a / b; }
 inline void __syncthreads() { cuda_emulation::sync_block(); }
+// Blocks run one at a time: memory is always coherent, fences and pauses have nothing to do.
+inline void __threadfence() {}
+inline void __nanosleep(unsigned) {}
+// atomicAdd on fp32 global memory as the GPU performs it (atom/red.add.f32: round to nearest
+// even, subnormal inputs and result flushed to sign-preserving zero); nothing runs concurrently.
+inline float atomicAdd(float* address, float value) {
+  auto flush = [](float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; };
+  const float old = *address;
+  *address = flush(flush(old) + flush(value));
+  return old;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { cuda_emulation::sync_warp(); }
 inline float __shfl_sync(unsigned, float v, int source_lane, int = 32) {
   return cuda_emulation::shuffle(v, source_lane);
@@ -275,5 +297,6 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device);
 // Device allocations are host memory here; the emulation remembers which pointers they are.
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);

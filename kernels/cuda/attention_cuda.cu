@@ -7,6 +7,7 @@
 #include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/params.cuh"
+#include "kernels/cuda/tensor_core_launch.cuh"
 
 namespace ringattn::kernels {
 namespace {
@@ -117,6 +118,15 @@ unsigned warp_rows_grid(int64_t rows, const char* what) {
 
 }  // namespace
 
+namespace gpu {
+int arch_family() {
+  int device = 0, major = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9 ? 90 : 80;
+}
+}  // namespace gpu
+
 bool cuda_supports_head_dim(int64_t head_dim) { return head_dim >= 1 && head_dim <= gpu::kSimpleMaxHeadDim; }
 
 bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
@@ -165,10 +175,15 @@ void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, 
   if (use_tensor_cores(dims, q.type, q.data, kv.k, kv.v, dout, mask, options, "cuda_attention_backward")) {
     if (!gpu::aligned(dq, 8) || !gpu::aligned(dk, 8) || !gpu::aligned(dv, 8))
       throw std::invalid_argument("cuda_attention_backward: dq, dk and dv must be 8-byte aligned");
-    gpu::backward_tensor_core(p, options.stream);
+    gpu::backward_tensor_core(p, options.workspace, options.workspace_bytes, options.stream);
   } else {
     gpu::backward_simple(p, options.stream);
   }
+}
+
+size_t cuda_attention_backward_workspace_bytes(const AttentionDims& dims, int64_t q_rows) {
+  if (!cuda_tensor_cores_apply(dims, ElementType::bf16, nullptr, nullptr, nullptr) || q_rows <= 0) return 0;
+  return gpu::backward_workspace_bytes(static_cast<int>(dims.head_dim), dims.batch, dims.heads, q_rows);
 }
 
 void cuda_merge_states(const AttentionDims& dims, int64_t rows, const AttentionState& dst, const float* src_o,

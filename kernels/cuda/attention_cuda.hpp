@@ -10,8 +10,9 @@
 //  - "simple" CUDA-core fp32 kernels for every other case (fp32 inputs, other head dims up to 256),
 //    also selectable for any input as a cross-check (CudaOptions::kernel, RINGATTN_CUDA_KERNEL=simple).
 // Both skip key blocks the mask hides before any arithmetic (kernels/mask/tile_plan.hpp) and
-// apply the element mask on partial blocks only. The backward pass is deterministic: dQ comes
-// from one kernel over query tiles, dK/dV from another over key blocks, no atomics.
+// apply the element mask on partial blocks only. The backward pass is deterministic: the tensor-core
+// kernel (one pass over key blocks, FlashAttention-2's 5 products) adds each key block's part of
+// dQ in ascending key block order; the simple kernels compute dQ and dK/dV separately.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,6 +58,12 @@ enum class CudaKernel : uint8_t {
 struct CudaOptions {
   cudaStream_t stream = nullptr;
   CudaKernel kernel = CudaKernel::automatic;
+  // Device memory the tensor-core backward pass may use for its bookkeeping (the order of its dQ
+  // additions), of cuda_attention_backward_workspace_bytes; while it is null or smaller, each
+  // backward call allocates its own (stream-ordered, cudaMallocAsync). Not shared between calls
+  // that may run at the same time.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64, 96, 128 or 256,
@@ -86,9 +93,15 @@ void cuda_attention_delta(const AttentionDims& dims, int64_t rows, const float* 
                           ElementType dout_type, float* delta, cudaStream_t stream);
 
 // As attention_backward: dq += dL/dQ through these keys, dk += dL/dK, dv += dL/dV (fp32).
-// `dout` has the layout and type of q.data. Deterministic (no atomics).
+// `dout` has the layout and type of q.data. Deterministic: bitwise the same on every run (the
+// tensor-core kernel adds to dQ in a fixed order of key blocks; the simple kernels use no atomics).
+
 void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, const CudaKeyValueRows& kv,
                              const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
                              const MaskView& mask, const CudaOptions& options);
+
+// Bytes of CudaOptions::workspace a backward call over `q_rows` query rows uses (O(batch x heads x
+// q_rows / 16): one flag per query tile and head); 0 for head dims off the tensor cores.
+size_t cuda_attention_backward_workspace_bytes(const AttentionDims& dims, int64_t q_rows);
 
 }  // namespace ringattn::kernels

@@ -1,8 +1,9 @@
 // Tensor-core forward pass (FlashAttention-2 tiling, mma.sync m16n8k16, bf16/fp16 in, fp32 out).
 //
 // CTA = 4 warps = a tile of 64 query rows for one (head, batch); warp w owns rows 16w..16w+15.
-// The Q tile is staged in shared memory once and its A fragments kept in registers (D <= 128);
-// the visible blocks of keys (64, or 32 at D = 256) pass through two shared-memory buffers (the
+// The Q tile is staged in shared memory once and its A fragments kept in registers (or read from
+// there per block); the visible blocks of keys (16 to 64 keys: ForwardChoice, per head dim and
+// architecture) pass through two shared-memory buffers (the
 // next block's K and V are copied with cp.async while this one is computed, tile_pipeline.cuh);
 // S = Q K^T is computed into registers (fragments by ldmatrix, mma.cuh), masked (partial blocks
 // only) and turned into P with the online softmax, and O += P V with P rounded to the input type
@@ -13,6 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/params.cuh"
+#include "kernels/cuda/tensor_core_launch.cuh"
 #include "kernels/cuda/tile_pipeline.cuh"
 #include "kernels/mask/tile_plan.hpp"
 
@@ -22,25 +24,58 @@ namespace {
 constexpr int kRows = 64;  // query rows per CTA
 constexpr int kThreads = 128;
 
-// Per head dim: keys per block, and whether the warps keep their Q fragments in registers for
-// the whole kernel (D <= 128) or read them from shared memory per block (D = 256, where 64 more
-// registers would spill). Shared memory per CTA (D = 64 / 96 / 128 / 256): 39 / 55 / 71 / 101 KiB
-// (the Q tile of D <= 128 is staged in the second K buffer before the loop starts), so that
-// shared memory allows three CTAs per sm_90 multiprocessor at D = 128, and D = 256 fits sm_80.
-template <int D>
-struct ForwardTiles {
-  static constexpr int kKeys = D <= 128 ? 64 : 32;
-  static constexpr bool kQInRegisters = D <= 128;
+// A tile shape: keys per block; whether the warps keep their Q fragments in registers for the
+// whole kernel (else they read them from shared memory per block, 64 registers fewer at D = 256);
+// the CTAs per multiprocessor the registers are allotted for (__launch_bounds__); the
+// architecture family it is compiled for (0: every family; tensor_core_launch.cuh).
+template <int D, int kKeys_, bool kQInRegisters_, int kMinBlocks_, int kArch_>
+struct ForwardShape {
+  static constexpr int kKeys = kKeys_;
+  static constexpr bool kQInRegisters = kQInRegisters_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kArch = kArch_;
   using Keys = KeyBlocks<D, kKeys, kThreads>;
   static constexpr size_t kMaskBytes = sizeof(RowMask) * kRows;
+  // The Q tile: in its own region, or (in registers) staged in the second K buffer before the loop.
   static constexpr size_t kQBytes = kQInRegisters ? 0 : sizeof(uint16_t) * size_t(kRows) * (D + 8);
   static_assert(!kQInRegisters || kKeys >= kRows, "the Q tile is staged in a K buffer");
   __host__ __device__ static constexpr size_t shared_bytes() { return kMaskBytes + kQBytes + Keys::shared_bytes(); }
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
-  using Tiles = ForwardTiles<D>;
+// The shape per head dim and architecture family, chosen by occupancy (README, "The tensor-core
+// kernels"): the most CTAs per multiprocessor that registers and shared memory allow without
+// spills, with blocks of at least 32 keys unless smaller ones are needed to reach two CTAs (each
+// block costs two barriers and a rescaling of O whatever its size); on a tie, larger blocks, then
+// Q in registers.
+template <int D, int Arch>
+struct ForwardChoice;
+template <int Arch>
+struct ForwardChoice<64, Arch> {  // 167 registers, 39 KiB: 3 CTAs
+  using type = ForwardShape<64, 64, true, 3, 0>;
+};
+template <>
+struct ForwardChoice<96, 80> {  // 161 registers, 41 KiB: 3 CTAs (64 keys: 2)
+  using type = ForwardShape<96, 32, false, 3, 80>;
+};
+template <>
+struct ForwardChoice<96, 90> {  // 168 registers, 68 KiB: 3 CTAs
+  using type = ForwardShape<96, 64, false, 3, 90>;
+};
+template <int Arch>
+struct ForwardChoice<128, Arch> {  // 162-167 registers, 53 KiB: 3 CTAs (64 keys, Q in registers: 2)
+  using type = ForwardShape<128, 32, false, 3, 0>;
+};
+template <>
+struct ForwardChoice<256, 80> {  // 226 registers, 68 KiB: 2 CTAs (32 keys: 1)
+  using type = ForwardShape<256, 16, false, 2, 80>;
+};
+template <>
+struct ForwardChoice<256, 90> {  // 247 registers, 101 KiB: 2 CTAs
+  using type = ForwardShape<256, 32, false, 2, 90>;
+};
+
+template <class T, int D, class Tiles>
+__device__ __forceinline__ void forward_tile(const AttentionParams& p) {
   constexpr int kKeys = Tiles::kKeys;
   constexpr int LD = D + 8;
   constexpr int NT = kKeys / 8;  // score n-tiles per warp
@@ -179,33 +214,31 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(AttentionParams p) {
   }
 }
 
-template <class T, int D>
+template <class T, int D, class Shape>
+__global__ void __launch_bounds__(kThreads, Shape::kMinBlocks) forward_kernel(AttentionParams p) {
+  if constexpr (compiled_here<Shape>) forward_tile<T, D, Shape>(p);
+}
+
+template <class T, int D, class Shape>
 void launch(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
-  constexpr size_t smem = ForwardTiles<D>::shared_bytes();
-  // Opted in unconditionally (a no-op below 48 KiB), so that a bad size fails here, named.
-  RINGATTN_CUDA_CHECK(
-      cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(forward_kernel<T, D>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kThreads, smem,
-                stream, p);
-  RINGATTN_CUDA_CHECK_LAUNCH("forward_tensor_core");
+  launch_with_shared_memory(forward_kernel<T, D, Shape>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)),
+                            kThreads, Shape::shared_bytes(), stream, p);
 }
 
 }  // namespace
 
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
-  const bool bf16 = p.type == ElementType::bf16;
-  switch (p.head_dim) {
-    case 64:
-      return bf16 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__half, 64>(p, stream);
-    case 96:
-      return bf16 ? launch<__nv_bfloat16, 96>(p, stream) : launch<__half, 96>(p, stream);
-    case 128:
-      return bf16 ? launch<__nv_bfloat16, 128>(p, stream) : launch<__half, 128>(p, stream);
-    default:
-      return bf16 ? launch<__nv_bfloat16, 256>(p, stream) : launch<__half, 256>(p, stream);
-  }
+  const int arch = arch_family();
+  dispatch_tensor_core(p, [&](auto type, auto dim) {
+    using T = typename decltype(type)::type;
+    constexpr int D = decltype(dim)::value;
+    if (arch >= 90)
+      launch<T, D, typename ForwardChoice<D, 90>::type>(p, stream);
+    else
+      launch<T, D, typename ForwardChoice<D, 80>::type>(p, stream);
+  });
 }
 
 }  // namespace ringattn::kernels::gpu

@@ -324,38 +324,25 @@ size_t dkdv_smem(int D) {
   return sizeof(float) * (4 * size_t(kKeys) * (D + 1) + 3 * size_t(D) + (D & 1)) + sizeof(int64_t) * kKeys;
 }
 
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 }  // namespace
 
 void forward_simple(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
-  const size_t smem = forward_smem(p.head_dim);
-  allow_smem(forward_kernel, smem);
-  launch_kernel(forward_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32, smem, stream,
-                p);
-  RINGATTN_CUDA_CHECK_LAUNCH("forward_simple");
+  launch_with_shared_memory(forward_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32,
+                            forward_smem(p.head_dim), stream, p);
 }
 
 void backward_simple(const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_backward");
-  const size_t smem_q = dq_smem(p.head_dim);
-  allow_smem(dq_kernel, smem_q);
-  launch_kernel(dq_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32, smem_q, stream, p);
-  RINGATTN_CUDA_CHECK_LAUNCH("backward_simple dq");
+  launch_with_shared_memory(dq_kernel, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)), kWarps * 32,
+                            dq_smem(p.head_dim), stream, p);
 
   const int64_t blocks = tile_count(p.k_rows, kKeys);
   check_grid(blocks, p.kv_heads, p.batch, "cuda_attention_backward");
-  const size_t smem_k = dkdv_smem(p.head_dim);
-  allow_smem(dkdv_kernel, smem_k);
-  launch_kernel(dkdv_kernel, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), 32, smem_k, stream, p);
-  RINGATTN_CUDA_CHECK_LAUNCH("backward_simple dkdv");
+  launch_with_shared_memory(dkdv_kernel, dim3(unsigned(blocks), unsigned(p.kv_heads), unsigned(p.batch)), 32,
+                            dkdv_smem(p.head_dim), stream, p);
 }
 
 }  // namespace ringattn::kernels::gpu

@@ -43,6 +43,16 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
 #endif
 }
 
+// launch_kernel with `shared_bytes` of dynamic shared memory, opted in unconditionally (a no-op
+// below 48 KiB, so that a bad size fails here, named), and the launch checked.
+template <class... Params, class... Args>
+void launch_with_shared_memory(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                               cudaStream_t stream, const Args&... args) {
+  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  launch_kernel(kernel, grid, block, shared_bytes, stream, args...);
+  RINGATTN_CUDA_CHECK_LAUNCH("kernel launch");
+}
+
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
@@ -75,6 +85,43 @@ __device__ __forceinline__ float warp_sum(float x) {
 // LSE (natural log) as the log2 offset that turns log2-scaled scores into probabilities; rows
 // that saw no key (LSE = -inf) get +inf, so that their P is exactly 0.
 __device__ __forceinline__ float lse_to_log2_offset(float lse) { return lse == neg_inf() ? pos_inf() : lse * kLog2e; }
+
+// Flags between CTAs in global memory (the ordered dQ additions, dq_order.cuh), as CUTLASS's
+// semaphore: the writer's threads make their global writes, pass a barrier, then one thread
+// publishes the value with release semantics; every lane of a reading warp waits until the flag
+// holds the value, with acquire semantics (all lanes load the same word together: the loop stays
+// converged), before it touches what the writer wrote.
+__device__ __forceinline__ void wait_for_flag(const int* flag, int value) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  ::cuda_emulation::wait_equal(flag, value);
+#else
+  for (;;) {
+    int seen;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
+    if (seen == value) return;
+    __nanosleep(64);
+  }
+#endif
+}
+
+__device__ __forceinline__ void publish_flag(int* flag, int value) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  *flag = value;
+#else
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
+#endif
+}
+
+// dst[0] += a, dst[1] += b in global memory, performed at L2 (no read back): one vector reduction
+// on sm_90, two scalar ones before. fp32 atomic additions round to nearest and flush subnormals.
+__device__ __forceinline__ void add_pair_to_global(float* dst, float a, float b) {
+#if !defined(RINGATTN_CUDA_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
 
 inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 

@@ -100,6 +100,14 @@ __device__ __forceinline__ void load_a(const uint16_t* s, int ld, int row0, int 
   load_matrix_x4<false>(s + (row0 + (lane & 7) + (lane & 8)) * ld + col0 + ((lane >> 4) << 3), a);
 }
 
+// A = rows [row0, row0 + 16) x columns [col0, col0 + 16) of a tile stored transposed: A[m][k] =
+// s[k * ld + m] (dS from dS^T in dQ = dS K), read with .trans. Matrices as load_a's: (m 0-7, k 0-7),
+// (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15), each eight stored rows k of eight m.
+__device__ __forceinline__ void load_a_transposed(const uint16_t* s, int ld, int row0, int col0, int lane,
+                                                  uint32_t (&a)[4]) {
+  load_matrix_x4<true>(s + (col0 + (lane & 7) + ((lane >> 4) << 3)) * ld + row0 + (lane & 8), a);
+}
+
 // Two B fragments (n-tiles n0 and n0 + 8) with B[k][n] = s[(n + ..) * ld + k0 + k]: the tile's rows
 // are B's columns (K in S = Q K^T). Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), then n 8-15.
 __device__ __forceinline__ void load_b_transposed_pair(const uint16_t* s, int ld, int n0, int k0, int lane,
@@ -166,6 +174,40 @@ __device__ __forceinline__ void accumulate_product(const float (&pt)[2 * KC][4],
       MmaElement<T>::mma(out[dt], fa, fb0);
       MmaElement<T>::mma(out[dt + 1], fa, fb1);
     }
+  }
+}
+
+// out[dt] += A B for 16 rows of A from row0, A stored transposed (a_t[k][m], row-major, stride
+// lda: dS^T for dQ += dS K), B row-major with row k matching A's column k (stride ldb).
+template <class T, int KC, int DT>
+__device__ __forceinline__ void accumulate_transposed_product(const uint16_t* a_t, int lda, int row0,
+                                                              const uint16_t* b, int ldb, int lane,
+                                                              float (&out)[DT][4]) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    uint32_t fa[4];
+    load_a_transposed(a_t, lda, row0, kc * 16, lane, fa);
+#pragma unroll
+    for (int dt = 0; dt < DT; dt += 2) {
+      uint32_t fb0[2], fb1[2];
+      load_b_pair(b, ldb, kc * 16, dt * 8, lane, fb0, fb1);
+      MmaElement<T>::mma(out[dt], fa, fb0);
+      MmaElement<T>::mma(out[dt + 1], fa, fb1);
+    }
+  }
+}
+
+// Stores the warp's accumulator tiles c[nt] (16 rows x 8 * NT columns), rounded to T, into a
+// row-major 16-bit tile from row0 (stride ld): each lane writes its two neighbouring columns as one
+// 32-bit word, free of bank conflicts when ld is an odd multiple of 8 (rows of 16 * n elements
+// padded by 16 bytes).
+template <class T, int NT>
+__device__ __forceinline__ void store_accumulators(const float (&c)[NT][4], uint16_t* s, int ld, int row0, int lane) {
+  uint16_t* top = s + (row0 + (lane >> 2)) * ld + 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    *reinterpret_cast<uint32_t*>(top + nt * 8) = MmaElement<T>::pack(c[nt][0], c[nt][1]);
+    *reinterpret_cast<uint32_t*>(top + 8 * ld + nt * 8) = MmaElement<T>::pack(c[nt][2], c[nt][3]);
   }
 }
 

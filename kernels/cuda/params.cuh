@@ -37,6 +37,7 @@ struct AttentionParams {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
+  int* dq_flags = nullptr;  // tensor cores: per query tile and head, the last key block that added to dQ, + 1
 
   // Query heads per K/V head; a 32-bit division (heads fit: the launches check them), which the
   // GPU does inline rather than through the 64-bit division subroutine.
@@ -49,7 +50,10 @@ void backward_simple(const AttentionParams& p, cudaStream_t stream);
 
 // Tensor-core kernels (bf16/fp16, head_dim 64, 96, 128 or 256, 16-byte aligned inputs).
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream);
-void backward_tensor_core(const AttentionParams& p, cudaStream_t stream);
+// The flags of the ordered dQ additions live in `workspace` when it holds
+// backward_workspace_bytes(...), else in memory the call allocates (stream-ordered).
+void backward_tensor_core(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+size_t backward_workspace_bytes(int head_dim, int64_t batch, int64_t heads, int64_t q_rows);
 
 constexpr int kSimpleMaxHeadDim = 256;
 

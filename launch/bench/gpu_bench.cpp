@@ -215,9 +215,14 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
   mask.causal = causal;
   const kernels::CudaQueryRows qr{dq_in.p, o.type, L, pos.as<int64_t>()};
   const kernels::CudaKeyValueRows kv{dk_in.p, dv_in.p, o.type, L, pos.as<int64_t>()};
+  // The backward kernel's workspace, allocated once as a prepared ring does (each call zeroes it).
+  const size_t workspace_bytes = kernels::cuda_attention_backward_workspace_bytes(dims, L);
+  DeviceBuffer workspace(workspace_bytes);
   kernels::CudaOptions opt;
   opt.stream = stream;
   opt.kernel = o.kernel;
+  opt.workspace = workspace.p;
+  opt.workspace_bytes = workspace_bytes;
   const std::vector<float> neg_inf(nl, -std::numeric_limits<float>::infinity());
 
   Point p;

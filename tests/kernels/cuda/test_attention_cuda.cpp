@@ -24,6 +24,7 @@
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/cuda/attention_cuda.hpp"
+#include "kernels/cuda/dq_order.cuh"
 #include "kernels/cuda/mask_32bit.cuh"
 #include "kernels/reference.hpp"
 #include "tests/support/gtest_or_mini.hpp"
@@ -487,6 +488,24 @@ TEST(AttentionCuda, HeadDims96And256OnTensorCores) {
   }
 }
 
+#if defined(RINGATTN_CUDA_EMULATION)
+// The shapes the kernels take on sm_80 where they differ from sm_90's (forward: key blocks of 32
+// at D = 96, of 16 at D = 256; backward: query tiles of 32 at D = 256), on the emulation set to 8.0.
+TEST(AttentionCuda, Sm80ShapesOnTheEmulation) {
+  cuda_emulation::set_compute_capability(8, 0);
+  struct Restore {
+    ~Restore() { cuda_emulation::set_compute_capability(9, 0); }
+  } restore;
+  for (int64_t D : {96, 256}) {
+    Problem p = basic(150, D, 2, 1);
+    p.mask.causal = true;
+    const int64_t n = (150 + 31) / 32;
+    p.mask.set_block_mask(random_block_mask(n, 13, 0.7), n, 32);
+    check_problem(p);
+  }
+}
+#endif
+
 TEST(AttentionCuda, OddLengths) {
   SKIP_WITHOUT_GPU();
   for (int64_t L : {1, 2, 63, 65, 129}) {
@@ -627,6 +646,8 @@ TEST(AttentionCuda, StateOfRowsThatSeeNoNewKeyIsUntouched) {
   }
 }
 
+// Two runs give the same bits (on a GPU, CTAs run in a different order each time; the
+// tensor-core backward adds to dQ in a fixed order of key blocks all the same).
 TEST(AttentionCuda, BackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
   Problem p = basic(300, 128, 4, 2, 2);
@@ -638,6 +659,87 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
     EXPECT_TRUE(a.dq == b.dq) << tag;
     EXPECT_TRUE(a.dk == b.dk) << tag;
     EXPECT_TRUE(a.dv == b.dv) << tag;
+  }
+}
+
+// What makes the tensor-core backward deterministic, checked bit for bit: dQ receives each key
+// block's part in ascending key block order, starting from what it holds (the ring's contract:
+// dQ accumulates over ring steps). So one call over all keys equals calls over consecutive
+// chunks of keys, in order, whose boundaries fall on key block boundaries (128 keys: a whole
+// number of blocks); dK and dV of each chunk are its own. Every tensor-core head dim (D = 256:
+// two CTAs per key block, each adding half of dQ's columns), GQA, documents and a block mask (so
+// that some tiles skip some key blocks: the order then follows the blocks that visit them).
+TEST(AttentionCuda, BackwardAddsKeyBlocksInOrder) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t D : {64, 96, 128, 256}) {
+    Problem p(1, 4, 2, D, iota_positions(200), iota_positions(300));
+    p.mask.set_documents({40, 190, 70});
+    const int64_t n = (300 + 31) / 32;
+    p.mask.set_block_mask(random_block_mask(n, 21, 0.6), n, 32);
+    const ElementType t = D == 96 ? ElementType::f16 : ElementType::bf16;
+    p.q = rounded(p.q, t), p.k = rounded(p.k, t), p.v = rounded(p.v, t), p.dout = rounded(p.dout, t);
+    const Outputs whole = run_gpu(p, t, CudaKernel::tensor_core);
+    DeviceProblem dp(p, t);
+    kernels::CudaOptions opt;
+    opt.kernel = CudaKernel::tensor_core;
+    DeviceArray<float> lse(whole.lse), o(whole.o), delta(p.lse_elems());
+    kernels::cuda_attention_delta(p.dims, p.rows_q(), o.get(), dp.dout.get(), t, delta.get(), nullptr);
+    DeviceArray<float> dq(std::vector<float>(p.q_elems(), 0.0f)), dk(std::vector<float>(p.k_elems(), 0.0f)),
+        dv(std::vector<float>(p.k_elems(), 0.0f));
+    const int64_t rowk = p.dims.kv_heads * D;
+    for (int64_t s = 0; s < p.rows_k(); s += 128) {
+      const int64_t e = std::min<int64_t>(s + 128, p.rows_k());
+      kernels::cuda_attention_backward(p.dims, dp.queries(p), dp.keys(p, s, e), dp.dout.get(), lse.get(), delta.get(),
+                                       dq.get(), dk.get() + s * rowk, dv.get() + s * rowk, dp.mask.view, opt);
+    }
+    cuda_ok(cudaDeviceSynchronize(), "chunked backward");
+    EXPECT_TRUE(dq.download() == whole.dq) << "D = " << D;
+    EXPECT_TRUE(dk.download() == whole.dk) << "D = " << D;
+    EXPECT_TRUE(dv.download() == whole.dv) << "D = " << D;
+  }
+}
+
+// The order of the dQ additions (kernels/cuda/dq_order.cuh) against tile_plan.hpp, on random row
+// positions (gaps, as sharded and gathered rows have) and masks: a key block's CTA visits a
+// query tile exactly when the tile is in query_tiles_for_keys and not classified empty, and the
+// previous visitor of a tile is the last earlier key block that visits it (host code).
+TEST(AttentionCuda, DqOrderMatchesTilePlan) {
+  std::mt19937_64 gen(5);
+  auto positions = [&](int64_t n) {
+    std::vector<int64_t> pos;
+    for (int64_t x = int64_t(gen() % 5); int64_t(pos.size()) < n; x += 1 + int64_t(gen() % 4 == 0 ? gen() % 9 : 0))
+      pos.push_back(x);
+    return pos;
+  };
+  const std::vector<int64_t> docs{0, 90, 91, 300, 333, 2000};
+  for (int round = 0; round < 60; ++round) {
+    const int64_t q_rows = 100 + int64_t(gen() % 200), k_rows = 100 + int64_t(gen() % 300);
+    const std::vector<int64_t> qp = positions(q_rows), kp = positions(k_rows);
+    const int64_t span = std::max(qp.back(), kp.back()) + 1;
+    const int64_t block = 8 + int64_t(gen() % 60), nb = (span + block - 1) / block;
+    const std::vector<uint8_t> blocks = random_block_mask(nb, gen(), 0.3 + 0.1 * (round % 6));
+    MaskView m;
+    m.causal = round % 2 == 0;
+    if (round % 3 == 0) m.window_left = int64_t(gen() % 120), m.window_right = int64_t(gen() % 3) - 1;
+    if (round % 5 < 2) m.doc_offsets = docs.data(), m.num_docs = int64_t(docs.size()) - 1;
+    if (round % 4 != 0) m.block_mask = blocks.data(), m.block_count = nb, m.mask_block = block;
+    const int rows = round % 2 ? 32 : 64, keys = round % 3 ? 64 : 128;
+    const int64_t q_tiles = kernels::tile_count(q_rows, rows), k_blocks = kernels::tile_count(k_rows, keys);
+    for (int64_t qt = 0; qt < q_tiles; ++qt) {
+      const kernels::RowSpan q = kernels::row_span(qp.data(), q_rows, rows, qt);
+      int last = -1;
+      for (int kb = 0; kb < int(k_blocks); ++kb) {
+        const kernels::RowSpan k = kernels::row_span(kp.data(), k_rows, keys, kb);
+        const kernels::TileRange r = kernels::query_tiles_for_keys(m, k, qp.data(), q_rows, rows);
+        const bool visits =
+            qt >= r.first && qt < r.last && kernels::gpu::classify_tile_32(m, q, k) != TileKind::empty;
+        ASSERT_EQ(kernels::gpu::tile_visits(m, qp.data(), q, k), visits) << round << " " << qt << " " << kb;
+        if (!visits) continue;
+        ASSERT_EQ(kernels::gpu::previous_visitor(m, qp.data(), q, kp.data(), k_rows, keys, kb), last)
+            << round << " " << qt << " " << kb;
+        last = kb;
+      }
+    }
   }
 }
 
