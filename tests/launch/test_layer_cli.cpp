@@ -120,6 +120,18 @@ class LayerCli : public ::testing::Test {
     ASSERT_EQ(got.size(), want.size()) << path;
     EXPECT_LE(max_abs_diff(got, want), tol * std::max(1.0, max_abs(want))) << path;
   }
+  // y.npy, grads/dx.npy and the LoRA gradients of q, k and v (rank r) in dir against the fp64
+  // reference layer's y and backward.
+  void expect_outputs_match_reference(const std::vector<double>& y) {
+    const RefGrads g = reference_layer_backward(ref, x, dy);
+    expect_close(dir / "y.npy", {B, L, d}, y);
+    expect_close(dir / "grads" / "dx.npy", {B, L, d}, g.dx);
+    for (int p = 0; p < 3; ++p) {
+      const RefProjection& pr = ref.proj[size_t(p)];
+      expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_a), {r, pr.in}, g.da[size_t(p)]);
+      expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_b), {pr.out, r}, g.db[size_t(p)]);
+    }
+  }
   std::string files() const {
     return "--x " + (dir / "x.npy").string() + " --weights " + (dir / "weights").string() +
            " --heads 4 --kv-heads 2 --lora-alpha 8 --causal";
@@ -139,14 +151,7 @@ TEST_F(LayerCli, ForwardBackwardAndMergedWeightsMatchFp64) {
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("on q,k,v"), std::string::npos) << run.output;
   const std::vector<double> y = reference_layer_forward(ref, x);
-  const RefGrads g = reference_layer_backward(ref, x, dy);
-  expect_close(dir / "y.npy", {B, L, d}, y);
-  expect_close(dir / "grads" / "dx.npy", {B, L, d}, g.dx);
-  for (int p = 0; p < 3; ++p) {
-    const RefProjection& pr = ref.proj[size_t(p)];
-    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_a), {r, pr.in}, g.da[size_t(p)]);
-    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_b), {pr.out, r}, g.db[size_t(p)]);
-  }
+  expect_outputs_match_reference(y);
   EXPECT_FALSE(fs::exists(dir / "grads" / "lora_o_A.npy"));  // o has no LoRA
   for (int p = 0; p < 4; ++p)
     expect_close(dir / "merged" / weight_file_name(p, ProjectionPart::w0),
@@ -293,14 +298,7 @@ TEST_F(LayerCli, RopeBiasesAndSafetensorsCheckpointsMatchFp64) {
                                              (dir / "y.npy").string() + " --grads " + (dir / "grads").string());
   ASSERT_EQ(run.code, 0) << run.output;
   const std::vector<double> y = reference_layer_forward(ref, x);
-  const RefGrads g = reference_layer_backward(ref, x, dy);
-  expect_close(dir / "y.npy", {B, L, d}, y);
-  expect_close(dir / "grads" / "dx.npy", {B, L, d}, g.dx);
-  for (int p = 0; p < 3; ++p) {
-    const RefProjection& pr = ref.proj[size_t(p)];
-    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_a), {r, pr.in}, g.da[size_t(p)]);
-    expect_close(dir / "grads" / weight_file_name(p, ProjectionPart::lora_b), {pr.out, r}, g.db[size_t(p)]);
-  }
+  expect_outputs_match_reference(y);
 
   // The same parameters as an HF checkpoint and a PEFT adapter (LoRA on q, k, v).
   const std::string prefix = "model.layers.3.self_attn.";
