@@ -53,6 +53,16 @@ void check_dims(const AttentionDims& dims) {
                                 " is not supported by the CPU kernels (multiples of 16 up to 512)");
 }
 
+// A query tile's rows (Q or dO, head h) as transposed lanes [D][lanes]: fp32 rows through the
+// ISA's register transposes, bf16 rows through the generic converting loop.
+void pack_query_lanes(const TileKernels& tk, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
+                      int head_dim, float scale, float* dst) {
+  if (dtype == DType::f32)
+    tk.pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst);
+  else
+    pack_transposed(src, dtype, first, row_stride, nq, head_dim, tk.query_tile, scale, dst);
+}
+
 }  // namespace
 
 void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const MaskView& mask,
@@ -68,7 +78,10 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
   const int threads = thread_count(options);
   // bf16 inputs on an ISA with a bf16 dot product: scores from bf16 pairs, the rest in fp32.
   const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
-  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{!dot16, true, dot16, false}, threads);
+  cpu::Workspace workspace;
+  const PackedKeyValues packed =
+      pack_key_values(dims, kv, PackRequest{!dot16, false, dot16, false}, threads, workspace);
+  const float* vt = cpu::pack_value_blocks(dims, kv, kblocks, tk.key_block, threads, workspace);
   const int64_t items = static_cast<int64_t>(qtiles.size()) * B * H;
   const float qscale = dims.scale * kLog2e;
 
@@ -98,7 +111,8 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       refs.clear();
       for (int32_t kb : candidates) {
         const TileKind kind = classify_tile(mask, tile, kblocks[kb]);
-        if (kind != TileKind::empty) refs.push_back(KeyBlockRef{kblocks[kb].row0, static_cast<int32_t>(kblocks[kb].count), kind});
+        if (kind != TileKind::empty)
+          refs.push_back(KeyBlockRef{kblocks[kb].row0, static_cast<int32_t>(kblocks[kb].count), kind, kb});
       }
       if (refs.empty()) continue;  // these queries see none of these keys: state unchanged
       lane_masks(mask, q.pos, tile, lanes, lane_data.data(), lane_data.data() + lanes, lane_data.data() + 2 * lanes);
@@ -113,13 +127,13 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
         args.k16 = packed.k16 + kv_offset;
         args.score_scale = qscale;
       } else {
-        pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, qt.data());
+        pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, qt.data());
         args.qt = qt.data();
         args.k = packed.k + kv_offset;
       }
       args.head_dim = D;
       args.nq = tile.count;
-      args.v = packed.v + kv_offset;
+      args.vt = vt + (b * Hkv + kvh) * static_cast<int64_t>(kblocks.size()) * D * tk.key_block;
       args.kv_stride = D;
       args.blocks = refs.data();
       args.num_blocks = static_cast<int>(refs.size());
@@ -180,14 +194,19 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   // bf16 inputs on an ISA with a bf16 dot product: all five products take bf16 operands with
   // fp32 sums, P and dS rounded to bf16 (FlashAttention-2's bf16 backward); no fp32 K/V copies.
   const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
-  const PackedKeyValues packed = pack_key_values(dims, kv, PackRequest{!dot16, !dot16, dot16, dot16}, threads);
+  cpu::Workspace workspace;
+  const PackedKeyValues packed =
+      pack_key_values(dims, kv, PackRequest{!dot16, !dot16, dot16, dot16}, threads, workspace);
   // dK/dV accumulate head-major like K/V (contiguous rows per head), added to the output at the
   // end; with one K/V head the output is head-major itself and takes them directly.
   const bool dkv_in_place = Hkv == 1;
   const size_t kv_elems = dkv_in_place ? 0 : static_cast<size_t>(B * Hkv * kv.rows * D);
-  std::vector<float> dk_packed(kv_elems, 0.0f), dv_packed(kv_elems, 0.0f);
-  float* dk_rows = dkv_in_place ? dk : dk_packed.data();
-  float* dv_rows = dkv_in_place ? dv : dv_packed.data();
+  float* dk_packed = workspace.take<float>(kv_elems);
+  float* dv_packed = workspace.take<float>(kv_elems);
+  std::fill_n(dk_packed, kv_elems, 0.0f);
+  std::fill_n(dv_packed, kv_elems, 0.0f);
+  float* dk_rows = dkv_in_place ? dk : dk_packed;
+  float* dv_rows = dkv_in_place ? dv : dv_packed;
   const float qscale = dims.scale * kLog2e;
 
   // Query tiles are processed in super-tiles; each thread accumulates the dQ of the blocks it
@@ -199,18 +218,21 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const int64_t super_tiles = std::min(budget_tiles, ntiles);
   const int64_t slots = super_tiles * B * H;  // (tile in super-tile, b, h)
 
-  std::vector<float> qt_all(dot16 ? 0 : static_cast<size_t>(slots * slot_floats));
-  std::vector<float> dot_all(dot16 ? 0 : static_cast<size_t>(slots * slot_floats));
+  const size_t f32_slots = dot16 ? 0 : static_cast<size_t>(slots * slot_floats);
+  float* qt_all = workspace.take<float>(f32_slots);
+  float* dot_all = workspace.take<float>(f32_slots);
   const int64_t slot_pairs = int64_t(D / 2) * lanes;
-  std::vector<uint32_t> qt_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
-  std::vector<uint32_t> dot_pairs_all(dot16 ? static_cast<size_t>(slots * slot_pairs) : 0);
+  const size_t pair_slots = dot16 ? static_cast<size_t>(slots * slot_pairs) : 0;
+  uint32_t* qt_pairs_all = workspace.take<uint32_t>(pair_slots);
+  uint32_t* dot_pairs_all = workspace.take<uint32_t>(pair_slots);
   // Q and dO rows of each slot for the dK/dV products: compact fp32 rows (row stride D), or on the
   // bf16 path pairs of consecutive rows [lanes/2][D].
-  std::vector<float> natural(dot16 ? 0 : static_cast<size_t>(2 * slots * slot_floats));
-  std::vector<uint32_t> row_pairs_all(dot16 ? static_cast<size_t>(2 * slots * slot_pairs) : 0);
-  std::vector<float> lane_stats(static_cast<size_t>(2 * slots * lanes));  // lse2, delta
+  float* natural = workspace.take<float>(2 * f32_slots);
+  uint32_t* row_pairs_all = workspace.take<uint32_t>(2 * pair_slots);
+  float* lane_stats = workspace.take<float>(static_cast<size_t>(2 * slots * lanes));  // lse2, delta
   std::vector<int64_t> lane_data(static_cast<size_t>(3 * super_tiles * lanes));
-  std::vector<std::vector<float>> dq_partial(static_cast<size_t>(threads));
+  // Each thread's dQ partials of the super-tile, [thread][slot][D][lanes].
+  float* dq_partial = workspace.take<float>(static_cast<size_t>(threads * slots * slot_floats));
   std::vector<std::vector<uint8_t>> touched(static_cast<size_t>(threads));
   std::vector<int32_t> item_blocks;
   std::vector<std::pair<size_t, size_t>> ranges;
@@ -220,9 +242,8 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
     const int tid = omp_get_thread_num();
     std::vector<float> scratch(static_cast<size_t>(cpu::backward_scratch_floats(tk, D)));
     std::vector<BackwardTileRef> refs;
-    std::vector<float>& my_dq = dq_partial[static_cast<size_t>(tid)];
+    float* my_dq = dq_partial + tid * slots * slot_floats;
     std::vector<uint8_t>& my_touched = touched[static_cast<size_t>(tid)];
-    my_dq.resize(static_cast<size_t>(slots * slot_floats));
     my_touched.assign(static_cast<size_t>(slots), 0);
 
     for (int64_t t0 = 0; t0 < ntiles; t0 += super_tiles) {
@@ -240,15 +261,11 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
           cpu::pack_row_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qp);
           cpu::pack_row_pairs(dout, qrow * D, H * D, tile.count, D, lanes, qp + slot_pairs);
         } else {
-          pack_transposed(q.data, q.dtype, qrow * D, H * D, tile.count, D, lanes, qscale, &qt_all[s * slot_floats]);
-          pack_transposed(dout, q.dtype, qrow * D, H * D, tile.count, D, lanes, 1.0f, &dot_all[s * slot_floats]);
+          pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, &qt_all[s * slot_floats]);
+          pack_query_lanes(tk, dout, q.dtype, qrow * D, H * D, tile.count, D, 1.0f, &dot_all[s * slot_floats]);
           float* nq = &natural[2 * s * slot_floats];
-          float* ndo = nq + slot_floats;
-          for (int i = 0; i < tile.count; ++i)
-            for (int d = 0; d < D; ++d) {
-              nq[i * D + d] = element(q.data, q.dtype, (qrow + i * H) * D + d);
-              ndo[i * D + d] = element(dout, q.dtype, (qrow + i * H) * D + d);
-            }
+          cpu::pack_rows(q.data, q.dtype, qrow * D, H * D, tile.count, D, nq);
+          cpu::pack_rows(dout, q.dtype, qrow * D, H * D, tile.count, D, nq + slot_floats);
         }
         float* lse2 = &lane_stats[2 * s * lanes];
         float* dl = lse2 + lanes;
@@ -354,9 +371,7 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         float* out = dq + ((b * q.rows + tile.row0) * H + h) * D;
         for (int th = 0; th < threads; ++th) {
           if (!touched[static_cast<size_t>(th)][s]) continue;
-          const float* part = &dq_partial[static_cast<size_t>(th)][s * slot_floats];
-          for (int i = 0; i < tile.count; ++i)
-            for (int d = 0; d < D; ++d) out[i * H * D + d] += part[d * lanes + i];
+          tk.add_lanes_to_rows(&dq_partial[(th * slots + s) * slot_floats], tile.count, D, out, H * D);
         }
       }
     }

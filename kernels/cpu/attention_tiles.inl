@@ -122,7 +122,8 @@ inline void scores_bf16(const uint32_t* yt, int D, const bf16_bits* x, int64_t x
 // Ot[d][:] = alpha * Ot[d][:] + sum_j X[j][d] * PT[j][:] for the RR head-dim rows starting at d0.
 // X is V (forward: O += P V) or K (backward: dQ += dS K).
 template <int RR, bool kRescale>
-inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const float* x, int64_t xs, const V* alpha) {
+inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const float* x, int64_t xs, int64_t xd,
+                             const V* alpha) {
   V acc[RR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
@@ -135,10 +136,10 @@ inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const fl
     V p[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) p[v] = Isa::load(pt + j * BR + v * W);
-    const float* xj = x + j * xs + d0;
+    const float* xj = x + j * xs + d0 * xd;
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r) {
-      V b = Isa::set1(xj[r]);
+      V b = Isa::set1(xj[r * xd]);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = Isa::fmadd(b, p[v], acc[r][v]);
     }
@@ -150,9 +151,10 @@ inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const fl
 }
 
 template <bool kRescale>
-inline void accumulate_lanes(float* ot, int D, const float* pt, int n, const float* x, int64_t xs, const V* alpha) {
+inline void accumulate_lanes(float* ot, int D, const float* pt, int n, const float* x, int64_t xs, int64_t xd,
+                             const V* alpha) {
   for_row_groups(D, [&](auto rows, int d0) {
-    lanes_times_rows<decltype(rows)::value, kRescale>(ot, d0, pt, n, x, xs, alpha);
+    lanes_times_rows<decltype(rows)::value, kRescale>(ot, d0, pt, n, x, xs, xd, alpha);
   });
 }
 
@@ -200,6 +202,49 @@ inline void accumulate_grad(float* out, int64_t os, const float* xt, int n, cons
   });
 }
 
+// Between a tile's natural rows and its transposed lanes [D][BR], in W x W blocks transposed in
+// registers: the element-by-element transposes these replace cost 3-5% of a forward call
+// (strided stores, one per element), more in ring steps, whose partial states go in and out.
+
+// dst[d][i] = scale * src[i * stride + d] for the lanes `take(i)` selects, 0 in the others;
+// `lanes` (a multiple of W) columns per dst row: BR for a query tile, BC for a key block.
+template <class Take>
+inline void rows_to_lanes(const float* src, int64_t stride, int D, float scale, Take&& take, float* dst,
+                          int lanes = BR) {
+  const V s = Isa::set1(scale);
+  for (int i0 = 0; i0 < lanes; i0 += W) {
+    bool row[W];
+    for (int k = 0; k < W; ++k) row[k] = take(i0 + k);
+    for (int d0 = 0; d0 < D; d0 += W) {
+      V r[W];
+#pragma GCC unroll 16
+      for (int k = 0; k < W; ++k) r[k] = row[k] ? Isa::mul(Isa::load(src + (i0 + k) * stride + d0), s) : Isa::zero();
+      Isa::transpose(r);
+#pragma GCC unroll 16
+      for (int k = 0; k < W; ++k) Isa::store(dst + (d0 + k) * lanes + i0, r[k]);
+    }
+  }
+}
+
+// dst[i * stride + d] = lane_scale[i] * src[d][i] (kAdd: +=) for lanes i < nq; lane_scale null: 1.
+template <bool kAdd>
+inline void lanes_to_rows(const float* src, int nq, int D, const float* lane_scale, float* dst, int64_t stride) {
+  for (int i0 = 0; i0 < nq; i0 += W) {
+    const int n = nq - i0 < W ? nq - i0 : W;
+    for (int d0 = 0; d0 < D; d0 += W) {
+      V r[W];
+#pragma GCC unroll 16
+      for (int k = 0; k < W; ++k) r[k] = Isa::load(src + (d0 + k) * BR + i0);
+      Isa::transpose(r);
+      for (int k = 0; k < n; ++k) {
+        const V x = lane_scale ? Isa::mul(r[k], Isa::set1(lane_scale[i0 + k])) : r[k];
+        float* out = dst + (i0 + k) * stride + d0;
+        Isa::store(out, kAdd ? Isa::add(Isa::load(out), x) : x);
+      }
+    }
+  }
+}
+
 // Sets ST[j][i] = -inf where key row (row0 + j) is not visible to lane i. Boundary blocks only.
 inline void apply_element_mask(float* st, int nk, int64_t row0, int nq, const int64_t* lo, const int64_t* hi,
                                const int64_t* brow, const int64_t* k_pos, const uint8_t* block_mask,
@@ -229,18 +274,12 @@ void forward_tile(const ForwardTileArgs& a) {
 
   // Continue from the incoming partial state: O normalised with LSE means the running max is
   // LSE (in log2 units) and the running sum is 1; an empty state (LSE = -inf) has sum 0.
+  const auto has_state = [&](int i) { return i < a.nq && a.lse[i] != kNegInf; };
   for (int i = 0; i < BR; ++i) {
-    if (i < a.nq && a.lse[i] != kNegInf) {
-      m_lane[i] = a.lse[i] * 1.44269504088896341f;
-      l_lane[i] = 1.0f;
-      const float* orow = a.o + i * a.o_stride;
-      for (int d = 0; d < D; ++d) ot[d * BR + i] = orow[d];
-    } else {
-      m_lane[i] = kNegInf;
-      l_lane[i] = 0.0f;
-      for (int d = 0; d < D; ++d) ot[d * BR + i] = 0.0f;
-    }
+    m_lane[i] = has_state(i) ? a.lse[i] * 1.44269504088896341f : kNegInf;
+    l_lane[i] = has_state(i) ? 1.0f : 0.0f;
   }
+  rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
   V m[NV], l[NV];
   for (int v = 0; v < NV; ++v) {
     m[v] = Isa::load(m_lane + v * W);
@@ -281,24 +320,19 @@ void forward_tile(const ForwardTileArgs& a) {
       l[v] = Isa::fmadd(l[v], alpha[v], lsum[v]);
       m[v] = mnew[v];
     }
-    accumulate_lanes<true>(ot, D, st, nk, a.v + blk.row0 * a.kv_stride, a.kv_stride, alpha);
+    accumulate_lanes<true>(ot, D, st, nk, a.vt + int64_t(blk.index) * D * BC, 1, BC, alpha);
   }
 
   for (int v = 0; v < NV; ++v) {
     Isa::store(m_lane + v * W, m[v]);
     Isa::store(l_lane + v * W, l[v]);
   }
+  float* inv_l = stats + 2 * BR;  // 1/l per lane; 0 for lanes that saw no key (their O is 0)
   for (int i = 0; i < a.nq; ++i) {
-    float* orow = a.o + i * a.o_stride;
-    if (l_lane[i] > 0.0f) {
-      const float inv = 1.0f / l_lane[i];
-      for (int d = 0; d < D; ++d) orow[d] = ot[d * BR + i] * inv;
-      a.lse[i] = (m_lane[i] + __builtin_log2f(l_lane[i])) * kLn2;
-    } else {
-      for (int d = 0; d < D; ++d) orow[d] = 0.0f;
-      a.lse[i] = kNegInf;
-    }
+    inv_l[i] = l_lane[i] > 0.0f ? 1.0f / l_lane[i] : 0.0f;
+    a.lse[i] = l_lane[i] > 0.0f ? (m_lane[i] + __builtin_log2f(l_lane[i])) * kLn2 : kNegInf;
   }
+  lanes_to_rows<false>(ot, a.nq, D, inv_l, a.o, a.o_stride);
 }
 
 #include "kernels/cpu/attention_tiles_bf16.inl"
@@ -325,6 +359,10 @@ void backward_block(const BackwardBlockArgs& a) {
     for (int t = 0; t < a.num_tiles; ++t) backward_tile_bf16(a, a.tiles[t], st, dpt, x16, ds_pairs, kt_pairs);
     return;
   }
+  // K^T of the block [D][BC], once for all its tiles: dQ += dS K broadcasts then walk one head
+  // dim's keys contiguously (as O += P V does in the forward).
+  float* kt = dpt + BC * BR;
+  rows_to_lanes(a.k, a.kv_stride, D, 1.0f, [nk](int j) { return j < nk; }, kt, BC);
   const V scale = Isa::set1(a.scale);
   for (int t = 0; t < a.num_tiles; ++t) {
     const BackwardTileRef& tile = a.tiles[t];
@@ -350,7 +388,7 @@ void backward_block(const BackwardBlockArgs& a) {
         Isa::store(st + j * BR + v * W, Isa::mul(Isa::mul(p, Isa::sub(dp, delta[v])), scale));
       }
     accumulate_grad(a.dk, a.dkv_stride, st, nk, tile.q, tile.q_stride, tile.nq, D);
-    accumulate_lanes<false>(tile.dqt, D, st, nk, a.k, a.kv_stride, nullptr);
+    accumulate_lanes<false>(tile.dqt, D, st, nk, kt, 1, BC, nullptr);
   }
 }
 
@@ -402,7 +440,16 @@ float bf16_dot_loop(int64_t iters, float seed) {
 
 }  // namespace
 
+void pack_lanes(const float* src, int64_t stride, int nq, int D, float scale, float* dst) {
+  rows_to_lanes(src, stride, D, scale, [nq](int i) { return i < nq; }, dst);
+}
+
+void add_lanes_to_rows(const float* src, int nq, int D, float* dst, int64_t stride) {
+  lanes_to_rows<true>(src, nq, D, nullptr, dst, stride);
+}
+
 TileKernels tile_kernels() {
   return TileKernels{Isa::kName,         W,  BR, BC, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
-                     Isa::kHasBf16Dot, &bf16_dot_loop<>, Isa::kHasBf16Dot ? kFmaChains * W * 4 : 0};
+                     Isa::kHasBf16Dot, &bf16_dot_loop<>, Isa::kHasBf16Dot ? kFmaChains * W * 4 : 0,
+                     &pack_lanes,       &add_lanes_to_rows};
 }

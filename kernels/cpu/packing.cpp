@@ -1,21 +1,56 @@
 #include "kernels/cpu/packing.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace ringattn::kernels::cpu {
+
+namespace {
+
+// One row of n elements of a source of either type, as fp32.
+void row_to_float(const void* src, DType dtype, int64_t first, int64_t n, float* dst) {
+  if (dtype == DType::f32) {
+    std::copy_n(static_cast<const float*>(src) + first, n, dst);
+  } else {
+    const bf16_bits* in = static_cast<const bf16_bits*>(src) + first;
+    for (int64_t d = 0; d < n; ++d) dst[d] = bf16_to_float(in[d]);
+  }
+}
+
+template <class T>
+void pack_transposed_typed(const T* src, int64_t row_stride, int nq, int head_dim, int lanes, float scale,
+                           float* dst) {
+  for (int i = 0; i < nq; ++i) {
+    const T* row = src + i * row_stride;
+    for (int d = 0; d < head_dim; ++d) {
+      if constexpr (std::is_same_v<T, float>)
+        dst[d * lanes + i] = scale * row[d];
+      else
+        dst[d * lanes + i] = scale * bf16_to_float(row[d]);
+    }
+  }
+}
+
+}  // namespace
 
 // dst[d][i] = scale * src row (row0 + i), head h; lanes past nq are zero.
 void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim,
                      int lanes, float scale, float* dst) {
-  for (int i = 0; i < nq; ++i) {
-    const int64_t base = first + i * row_stride;
-    for (int d = 0; d < head_dim; ++d) dst[d * lanes + i] = scale * element(src, dtype, base + d);
-  }
+  // Typed loops: a per-element test of the type cost as much as the copy.
+  if (dtype == DType::f32)
+    pack_transposed_typed(static_cast<const float*>(src) + first, row_stride, nq, head_dim, lanes, scale, dst);
+  else
+    pack_transposed_typed(static_cast<const bf16_bits*>(src) + first, row_stride, nq, head_dim, lanes, scale, dst);
   for (int d = 0; d < head_dim; ++d)
     for (int i = nq; i < lanes; ++i) dst[d * lanes + i] = 0.0f;
 }
 
-PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads) {
+void pack_rows(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim, float* dst) {
+  for (int i = 0; i < nq; ++i) row_to_float(src, dtype, first + i * row_stride, head_dim, dst + int64_t(i) * head_dim);
+}
+
+PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads,
+                                Workspace& workspace) {
   const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, rows = kv.rows;
   PackedKeyValues out;
   out.rows = rows;
@@ -31,12 +66,16 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
     if (want.k16) out.k16 = static_cast<const bf16_bits*>(kv.k), want.k16 = false;
     if (want.v16) out.v16 = static_cast<const bf16_bits*>(kv.v), want.v16 = false;
   }
-  const size_t n = static_cast<size_t>(B * Hkv * rows * D);
-  if (want.k32) out.k_copy.resize(n), out.k = out.k_copy.data();
-  if (want.v32) out.v_copy.resize(n), out.v = out.v_copy.data();
-  if (want.k16) out.k16_copy.resize(n), out.k16 = out.k16_copy.data();
-  if (want.v16) out.v16_copy.resize(n), out.v16 = out.v16_copy.data();
   if (!(want.k32 || want.v32 || want.k16 || want.v16)) return out;
+  const size_t n = static_cast<size_t>(B * Hkv * rows * D);
+  float* k32 = want.k32 ? workspace.take<float>(n) : nullptr;
+  float* v32 = want.v32 ? workspace.take<float>(n) : nullptr;
+  bf16_bits* k16 = want.k16 ? workspace.take<bf16_bits>(n) : nullptr;
+  bf16_bits* v16 = want.v16 ? workspace.take<bf16_bits>(n) : nullptr;
+  if (k32) out.k = k32;
+  if (v32) out.v = v32;
+  if (k16) out.k16 = k16;
+  if (v16) out.v16 = v16;
   const auto* k16_in = static_cast<const bf16_bits*>(kv.k);
   const auto* v16_in = static_cast<const bf16_bits*>(kv.v);
 #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
@@ -45,13 +84,37 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
       for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
         const int64_t src = ((b * rows + j) * Hkv + kvh) * D;
         const int64_t dst = ((b * Hkv + kvh) * rows + j) * D;
-        if (want.k32)
-          for (int64_t d = 0; d < D; ++d) out.k_copy[dst + d] = element(kv.k, kv.dtype, src + d);
-        if (want.v32)
-          for (int64_t d = 0; d < D; ++d) out.v_copy[dst + d] = element(kv.v, kv.dtype, src + d);
-        if (want.k16) std::copy_n(k16_in + src, D, out.k16_copy.data() + dst);
-        if (want.v16) std::copy_n(v16_in + src, D, out.v16_copy.data() + dst);
+        if (k32) row_to_float(kv.k, kv.dtype, src, D, k32 + dst);
+        if (v32) row_to_float(kv.v, kv.dtype, src, D, v32 + dst);
+        if (k16) std::copy_n(k16_in + src, D, k16 + dst);
+        if (v16) std::copy_n(v16_in + src, D, v16 + dst);
       }
+  return out;
+}
+
+float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
+                         int key_block, int threads, Workspace& workspace) {
+  const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, nblocks = static_cast<int64_t>(blocks.size());
+  const int64_t block_floats = D * key_block;
+  float* out = workspace.take<float>(static_cast<size_t>(B * Hkv * nblocks * block_floats));
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> row(static_cast<size_t>(D));
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+        for (int64_t kb = 0; kb < nblocks; ++kb) {
+          float* vt = out + ((b * Hkv + kvh) * nblocks + kb) * block_floats;
+          const RowSpan& blk = blocks[static_cast<size_t>(kb)];
+          for (int64_t j = 0; j < key_block; ++j) {
+            if (j < blk.count)
+              row_to_float(kv.v, kv.dtype, ((b * kv.rows + blk.row0 + j) * Hkv + kvh) * D, D, row.data());
+            else
+              std::fill(row.begin(), row.end(), 0.0f);
+            for (int64_t d = 0; d < D; ++d) vt[d * key_block + j] = row[static_cast<size_t>(d)];
+          }
+        }
+  }
   return out;
 }
 

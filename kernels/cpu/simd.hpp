@@ -66,7 +66,32 @@ struct Isa {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  // 2^x with ~1 ulp error over the range softmax needs; exactly 0 for x <= -150 and for -inf.
+  // r[k][j] <- r[j][k]: a 16 x 16 block transposed in registers (packing tiles between rows and
+  // lanes). Unpacks interleave pairs of rows, then 64-bit pairs, then 128-bit quarters twice.
+  static void transpose(V (&r)[W]) {
+    V t[W], u[W];
+    for (int k = 0; k < 8; ++k) {
+      t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // u[4g + m], quarter q: rows 4g..4g+3 of column 4q + m
+      const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+      const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+      u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+      u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+      u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+      u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int m = 0; m < 4; ++m) {
+      const V lo01 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), hi01 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+      const V lo23 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44), hi23 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+      r[m] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+      r[4 + m] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+      r[8 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+      r[12 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+    }
+  }
+  // 2^x with ~1 ulp error over the range softmax needs; exactly 0 below 2^-126 and for -inf.
   static V exp2(V x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // also maps -inf and NaN to -150
     x = _mm512_min_ps(x, _mm512_set1_ps(128.0f));
@@ -79,7 +104,9 @@ struct Isa {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265070e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471806e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);  // p * 2^n, with correct underflow to subnormals and zero
+    // p * 2^n; lanes below 2^-126 are 0 instead of subnormal (a subnormal result costs a
+    // microcode assist: masked keys, -inf, come here on every causal diagonal block)
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ), p, n);
   }
 };
 }  // namespace avx512 / avx512bf16
@@ -106,6 +133,24 @@ struct Isa {
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  // r[k][j] <- r[j][k]: an 8 x 8 block transposed in registers.
+  static void transpose(V (&r)[W]) {
+    V t[W], u[W];
+    for (int k = 0; k < 4; ++k) {
+      t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 2; ++g) {  // u[4g + m], half h: rows 4g..4g+3 of column 4h + m
+      u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; ++m) {
+      r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+      r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+    }
+  }
   // 2^x; exactly 0 below 2^-126 (no subnormals) and for -inf.
   static V exp2(V x) {
     V keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);  // false for NaN and -inf
@@ -150,6 +195,7 @@ struct Isa {
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }
   static V max(V a, V b) { return a > b ? a : b; }
+  static void transpose(V (&)[W]) {}  // a 1 x 1 block
   static V exp2(V x) { return (x == -INFINITY || x != x) ? 0.0f : std::exp2(x); }
 };
 }  // namespace scalar

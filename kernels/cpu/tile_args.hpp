@@ -19,6 +19,7 @@ struct KeyBlockRef {
   int64_t row0;    // first row in the key/value chunk
   int32_t count;   // rows, <= key block size
   TileKind kind;   // full (no element mask) or partial
+  int32_t index;   // the block's index in the call's key blocks (its V^T in ForwardTileArgs::vt)
 };
 
 // Per-query-lane data needed to apply the element mask on partial blocks.
@@ -37,7 +38,7 @@ struct ForwardTileArgs {
   int nq;                   // valid lanes (<= Br); padded lanes hold zeros
   const float* qt;          // [D][Br], pre-multiplied by scale * log2(e)
   const float* k;           // row j of this head at k + j * kv_stride (fp32)
-  const float* v;
+  const float* vt;          // V^T of this head's key blocks: block b at vt + b * D * Bc, [D][Bc]
   int64_t kv_stride;
   const KeyBlockRef* blocks;
   int num_blocks;
@@ -117,6 +118,11 @@ struct TileKernels {
   bool bf16_dot;    // takes bf16 pairs (exact products, fp32 sums): forward Q K^T; every backward product
   float (*bf16_dot_loop)(int64_t iters, float seed);  // the bf16 dot-product peak probe (bf16_dot only)
   int bf16_dot_flops_per_iter;
+  // dst[d][i] = scale * src[i * stride + d] for i < nq, lanes past nq 0: fp32 rows packed as a
+  // query tile's transposed lanes [D][Br].
+  void (*pack_lanes)(const float* src, int64_t stride, int nq, int head_dim, float scale, float* dst);
+  // dst[i * stride + d] += src[d][i] for i < nq: a tile's transposed lanes added to its rows.
+  void (*add_lanes_to_rows)(const float* src, int nq, int head_dim, float* dst, int64_t stride);
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
@@ -124,11 +130,12 @@ inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
   return int64_t(head_dim) * t.query_tile + int64_t(t.key_block) * t.query_tile + 8 * t.query_tile;
 }
 inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
-  // ST and dPT [Bc][Br] fp32; on the bf16 path also P and dS as bf16 rows [Bc][Br], dS as pairs
-  // of key rows [Bc/2][Br] and the block's K^T as pairs of key rows [D][Bc/2].
+  // ST and dPT [Bc][Br] fp32, then the block's K^T: fp32 [D][Bc], or on the bf16 path P and dS as
+  // bf16 rows [Bc][Br], dS as pairs of key rows [Bc/2][Br] and K^T as pairs of key rows [D][Bc/2].
   const int64_t tile = int64_t(t.key_block) * t.query_tile;
+  const int64_t kt_f32 = int64_t(head_dim) * t.key_block;
   const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.key_block / 2) : 0;
-  return 2 * tile + bf16_extra + 4 * t.query_tile;
+  return 2 * tile + (kt_f32 > bf16_extra ? kt_f32 : bf16_extra) + 4 * t.query_tile;
 }
 
 }  // namespace ringattn::kernels::cpu

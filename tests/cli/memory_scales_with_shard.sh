@@ -19,7 +19,11 @@ job=(--heads 1 --head-dim 16 --causal --window 64,0 --backward --json "$tmp/out.
 base=$(peak 8 "$@" -np 8 "$build/ringattn" --seq-len 64 "${job[@]}")
 p2=$(peak 2 "$@" -np 2 "$build/ringattn" --seq-len 1048576 "${job[@]}")
 p8=$(peak 8 "$@" -np 8 "$build/ringattn" --seq-len 1048576 "${job[@]}")
-limit=$(( base + (p2 - base) * 5 / 16 ))  # a quarter, plus 25% slack
+# A quarter, plus 50% slack: besides its shard, a rank of 4-8 carries ~25 MiB that does not
+# shrink with the shard nor grow with the sequence (MPI and runtime buffers; measured at L = 512K,
+# 1M and 2M), 0.08 of the 2-rank growth by itself. A whole-sequence tensor adds 64 MiB, twice the
+# slack.
+limit=$(( base + (p2 - base) * 3 / 8 ))
 echo "peak RSS per rank: baseline $((base >> 20)) MiB, 2 ranks $((p2 >> 20)) MiB, 8 ranks $((p8 >> 20)) MiB (limit $((limit >> 20)) MiB)"
 if [ "$p8" -gt "$limit" ]; then
   echo "FAILED: per-rank memory does not shrink with the shard" >&2
