@@ -26,6 +26,16 @@ namespace {
 
 using cpu::TileKernels;
 
+#if defined(RINGATTN_X86_ISAS)
+// Whether bf16 inputs run faster on the bf16 dot product (VDPBF16PS: two products per lane per
+// instruction, P and dS rounded to bf16) than converted exactly to fp32 on the FMA. On AMD Zen 4
+// and 5 the dot product does twice the FMA's FLOPs per cycle; on the Intel Xeon of our
+// development machine (AVX512-BF16 without AMX) it measured half (105 vs 213 GFLOP/s on one
+// core), and its fp32 path ran bf16 rows 1.4-1.8x faster. Decided by vendor, not by timing, so
+// that a run's arithmetic never depends on the machine's load; RINGATTN_ISA=avx512bf16 forces it.
+bool bf16_dot_outruns_fma() { return __builtin_cpu_is("amd"); }
+#endif
+
 TileKernels choose_kernels() {
   const char* forced = std::getenv("RINGATTN_ISA");
   const std::string want = forced ? forced : "";
@@ -35,7 +45,7 @@ TileKernels choose_kernels() {
   const bool has_avx512bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (want.empty()) {
-    if (has_avx512bf16) return cpu::avx512bf16::tile_kernels();
+    if (has_avx512bf16 && bf16_dot_outruns_fma()) return cpu::avx512bf16::tile_kernels();
     if (has_avx512) return cpu::avx512::tile_kernels();
     return has_avx2 ? cpu::avx2::tile_kernels() : cpu::scalar::tile_kernels();
   }
