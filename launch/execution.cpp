@@ -65,6 +65,8 @@ std::unique_ptr<Context> open_context(const comm::Communicator& ranks, const Con
     return std::make_unique<Context>(mpi->mpi_comm(), options);
   } catch (const comm::CommError&) {  // e.g. NCCL's init timed out: a fault (exit 4), not bad usage
     throw;
+  } catch (const UsageError&) {  // names its option already (RINGATTN_TEST_NODES), not the backend's
+    throw;
   } catch (const std::runtime_error& e) {  // e.g. NCCL's placement check: more ranks than GPUs
     throw UsageError(what + e.what());
   } catch (const std::invalid_argument& e) {  // ArgumentError: an option the context refused

@@ -72,11 +72,14 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase) 
 void fail_now(comm::Communicator& comm, const std::exception& e) {
   const int code = exit_code_of(e);
   const std::string message = message_of(e), rank = "rank " + std::to_string(comm.rank());
-  // Communication errors name the rank already ("rank 3: timed out ...").
-  if (comm.size() > 1 && message.rfind(rank + ":", 0) != 0 && message.rfind(rank + " ", 0) != 0)
-    print_error(rank + ": " + message);
-  else
-    print_error(message);
+  // A JobFailed was reported by the agreed phase that failed. Communication errors name the rank
+  // already ("rank 3: timed out ...").
+  if (dynamic_cast<const JobFailed*>(&e) == nullptr) {
+    if (comm.size() > 1 && message.rfind(rank + ":", 0) != 0 && message.rfind(rank + " ", 0) != 0)
+      print_error(rank + ": " + message);
+    else
+      print_error(message);
+  }
   // MPI_Abort ends this process without unwinding: remove its unfinished outputs first (a
   // peer's failure can reach this rank before mpirun's signal does).
   temp_files::remove_all();

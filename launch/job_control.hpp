@@ -34,8 +34,8 @@ int exit_code_of(const std::exception& e);
 // printed the messages.
 void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase);
 
-// Prints "ringattn: error: <message>" (with the rank when there are several) and ends every rank
-// with the exception's exit code.
+// Prints "ringattn: error: <message>" (with the rank when there are several; nothing for a
+// JobFailed, reported already) and ends every rank with the exception's exit code.
 [[noreturn]] void fail_now(comm::Communicator& comm, const std::exception& e);
 
 // The text to report for an exception (out of memory is said in words).

@@ -436,12 +436,16 @@ int run_layer(LaunchContext& ctx) {
   report_thread_binding(comm, job.config.threads, job.opt.threads > 0, ctx);
   const Options& o = job.opt;
   const LayerConfig& c = job.config;
-  const ShardLayout layout = hybrid_layout(comm, job.layout, c.seq_len, o.ulysses);  // the rows the context gives
+  std::optional<ShardLayout> layout_storage;
   Mask mask;
   agreed_phase(comm, [&] {
+    // The rows the context gives: with --ulysses U > 1 (collective) its groups are U ranks of a node
+    // where the nodes allow, as the library's hybrid places them.
+    layout_storage.emplace(hybrid_layout(comm, job.layout, c.seq_len, o.ulysses));
     mask = build_mask(o.mask, c.seq_len, o.seed);
     if (rank == 0) dump_block_mask(o.mask, mask);
   });
+  const ShardLayout& layout = *layout_storage;
   comm.set_timeout(o.timeout);
   // Where the layer computes: the library's context over the job's ranks runs its attention and
   // lends it the backend and the communicator (NCCL setup is collective; a node short of GPUs is

@@ -60,22 +60,29 @@ UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int 
   return p;
 }
 
-std::vector<int> find_nodes(comm::Communicator& comm) {
+std::optional<std::vector<int>> pretend_nodes(int ranks) {
   const char* pretend = std::getenv("RINGATTN_TEST_NODES");
-  if (!pretend || !*pretend) return comm.node_of_ranks();
+  if (!pretend || !*pretend) return std::nullopt;
+  const std::string what = std::string("RINGATTN_TEST_NODES=") + pretend;
   std::vector<int> nodes;
   for (const char* c = pretend; *c;) {
     char* end = nullptr;
     const long id = std::strtol(c, &end, 10);
-    if (end == c)
-      throw std::invalid_argument(std::string("RINGATTN_TEST_NODES: '") + pretend + "' is not a list of node ids");
+    if (end == c) throw UsageError(what + ": not a comma-separated list of node ids");
     nodes.push_back(static_cast<int>(id));
     c = *end == ',' ? end + 1 : end;
   }
-  if (nodes.size() != size_t(comm.size()))
-    throw std::invalid_argument("RINGATTN_TEST_NODES lists " + std::to_string(nodes.size()) + " nodes for " +
-                                std::to_string(comm.size()) + " ranks");
+  if (nodes.size() != size_t(ranks))
+    throw UsageError(what + ": " + std::to_string(nodes.size()) + " node ids for " + std::to_string(ranks) +
+                     " ranks (one per rank)");
   return nodes;
+}
+
+std::vector<int> find_nodes(comm::Communicator& comm) {
+  // The discovery runs whatever the environment says, so that every rank makes the same
+  // collective calls even where the ranks were given different environments.
+  std::vector<int> nodes = comm.node_of_ranks();
+  return pretend_nodes(comm.size()).value_or(std::move(nodes));
 }
 
 ShardLayout hybrid_layout(comm::Communicator& comm, LayoutKind kind, int64_t seq_len, int ulysses) {

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,12 @@ struct UlyssesPlacement {
 // multiple of U ranks, each group is U ranks of one node in rank order, groups numbered node by
 // node (nodes in the order of their least rank); otherwise groups of U consecutive ranks.
 UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int ulysses);
-// The node of every rank of `comm` (collective): Communicator::node_of_ranks; or, when the
-// environment variable RINGATTN_TEST_NODES is set, the node ids it lists (comma-separated, one
-// per rank), so that tests on one machine can place ranks on pretend nodes.
+// The node ids the environment variable RINGATTN_TEST_NODES lists (comma-separated, one per rank
+// of `ranks`), so that tests on one machine can place ranks on pretend nodes; nothing when it is
+// unset. No communication; throws UsageError naming the variable when it is malformed.
+std::optional<std::vector<int>> pretend_nodes(int ranks);
+// The node of every rank of `comm` (collective): pretend_nodes where set, else
+// Communicator::node_of_ranks.
 std::vector<int> find_nodes(comm::Communicator& comm);
 // The sharding of seq_len positions over the ranks of `comm` with the groups placed as above
 // (ulysses = 1: the plain layout). Collective over comm when ulysses > 1. The jobs build their

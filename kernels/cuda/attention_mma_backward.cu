@@ -253,7 +253,7 @@ int64_t flag_count(const AttentionParams& p) {
 }
 
 template <class T, int D, class Shape>
-void launch(const AttentionParams& p, cudaStream_t stream) {
+void launch(TypeTag<T>, HeadDim<D>, TypeTag<Shape>, const AttentionParams& p, cudaStream_t stream) {
   const int64_t ctas = tile_count(p.k_rows, Shape::kKeys) * Shape::kSplits * p.kv_heads * p.batch;
   if (ctas > 0x7fffffff || flag_count<Shape>(p) > 0x7fffffff)
     throw std::invalid_argument("cuda_attention_backward: too many key blocks or query tiles x heads x batch entries "
@@ -294,15 +294,7 @@ void backward_tensor_core(const AttentionParams& params, void* workspace, size_t
   if (workspace == nullptr || workspace_bytes < bytes) workspace = own.emplace(bytes, stream).data;
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(workspace, 0, bytes, stream));  // no key block has added to any tile
   p.dq_flags = static_cast<int*>(workspace);
-  const int arch = arch_family();
-  dispatch_tensor_core(p, [&](auto type, auto dim) {
-    using T = typename decltype(type)::type;
-    constexpr int D = decltype(dim)::value;
-    if (arch >= 90)
-      launch<T, D, typename BackwardChoice<D, 90>::type>(p, stream);
-    else
-      launch<T, D, typename BackwardChoice<D, 80>::type>(p, stream);
-  });
+  launch_for_arch<BackwardChoice>(p, [&](auto... instance) { launch(instance..., p, stream); });
 }
 
 }  // namespace ringattn::kernels::gpu

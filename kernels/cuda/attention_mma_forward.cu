@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, Shape::kMinBlocks) forward_kernel(At
 }
 
 template <class T, int D, class Shape>
-void launch(const AttentionParams& p, cudaStream_t stream) {
+void launch(TypeTag<T>, HeadDim<D>, TypeTag<Shape>, const AttentionParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.q_rows, kRows);
   check_grid(tiles, p.heads, p.batch, "cuda_attention_forward");
   launch_with_shared_memory(forward_kernel<T, D, Shape>, dim3(unsigned(tiles), unsigned(p.heads), unsigned(p.batch)),
@@ -230,15 +230,7 @@ void launch(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 void forward_tensor_core(const AttentionParams& p, cudaStream_t stream) {
-  const int arch = arch_family();
-  dispatch_tensor_core(p, [&](auto type, auto dim) {
-    using T = typename decltype(type)::type;
-    constexpr int D = decltype(dim)::value;
-    if (arch >= 90)
-      launch<T, D, typename ForwardChoice<D, 90>::type>(p, stream);
-    else
-      launch<T, D, typename ForwardChoice<D, 80>::type>(p, stream);
-  });
+  launch_for_arch<ForwardChoice>(p, [&](auto... instance) { launch(instance..., p, stream); });
 }
 
 }  // namespace ringattn::kernels::gpu

@@ -158,6 +158,20 @@ __device__ __forceinline__ void product_transposed(const uint16_t* a, const uint
   }
 }
 
+// out[dt] += A B for one 16-column chunk of A (its fragment fa) and the 16 rows of B from row k0
+// (row-major, stride ld): the step both products below take per chunk of A.
+template <class T, int DT>
+__device__ __forceinline__ void accumulate_chunk_product(const uint32_t (&fa)[4], const uint16_t* b, int ld, int k0,
+                                                         int lane, float (&out)[DT][4]) {
+#pragma unroll
+  for (int dt = 0; dt < DT; dt += 2) {
+    uint32_t fb0[2], fb1[2];
+    load_b_pair(b, ld, k0, dt * 8, lane, fb0, fb1);
+    MmaElement<T>::mma(out[dt], fa, fb0);
+    MmaElement<T>::mma(out[dt + 1], fa, fb1);
+  }
+}
+
 // out[dt] += P B: P is the warp's accumulator tiles (16 rows x 16 * KC columns, rounded to T),
 // B the row-major tile whose row k matches P's column k (O += P V, dQ += dS K, dV += P^T dO, ...).
 template <class T, int KC, int DT>
@@ -167,13 +181,7 @@ __device__ __forceinline__ void accumulate_product(const float (&pt)[2 * KC][4],
   for (int kc = 0; kc < KC; ++kc) {
     uint32_t fa[4];
     accumulators_to_a<T>(pt[2 * kc], pt[2 * kc + 1], fa);
-#pragma unroll
-    for (int dt = 0; dt < DT; dt += 2) {
-      uint32_t fb0[2], fb1[2];
-      load_b_pair(b, ld, kc * 16, dt * 8, lane, fb0, fb1);
-      MmaElement<T>::mma(out[dt], fa, fb0);
-      MmaElement<T>::mma(out[dt + 1], fa, fb1);
-    }
+    accumulate_chunk_product<T>(fa, b, ld, kc * 16, lane, out);
   }
 }
 
@@ -187,13 +195,7 @@ __device__ __forceinline__ void accumulate_transposed_product(const uint16_t* a_
   for (int kc = 0; kc < KC; ++kc) {
     uint32_t fa[4];
     load_a_transposed(a_t, lda, row0, kc * 16, lane, fa);
-#pragma unroll
-    for (int dt = 0; dt < DT; dt += 2) {
-      uint32_t fb0[2], fb1[2];
-      load_b_pair(b, ldb, kc * 16, dt * 8, lane, fb0, fb1);
-      MmaElement<T>::mma(out[dt], fa, fb0);
-      MmaElement<T>::mma(out[dt + 1], fa, fb1);
-    }
+    accumulate_chunk_product<T>(fa, b, ldb, kc * 16, lane, out);
   }
 }
 

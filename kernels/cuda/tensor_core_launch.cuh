@@ -69,4 +69,19 @@ void dispatch_tensor_core(const AttentionParams& p, F&& f) {
   }
 }
 
+// launch(TypeTag<T>{}, HeadDim<D>{}, TypeTag<Shape>{}) for p's instance (dispatch_tensor_core)
+// and the Shape that Choice<D, family>::type names for the current device's family (80 or 90):
+// the one place that turns the device into a tile-shape table's column.
+template <template <int D, int Arch> class Choice, class F>
+void launch_for_arch(const AttentionParams& p, F&& launch) {
+  const int arch = arch_family();
+  dispatch_tensor_core(p, [&](auto type, auto dim) {
+    constexpr int D = decltype(dim)::value;
+    if (arch >= 90)
+      launch(type, dim, TypeTag<typename Choice<D, 90>::type>{});
+    else
+      launch(type, dim, TypeTag<typename Choice<D, 80>::type>{});
+  });
+}
+
 }  // namespace ringattn::kernels::gpu

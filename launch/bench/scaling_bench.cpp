@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/cpu_binding.hpp"
@@ -205,7 +206,10 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const bool was_reset = reset_peak_rss();
 
-  const ShardLayout layout = hybrid_layout(comm, b.layout, L, ulysses);  // the rows the context gives
+  // The rows the context gives, agreed by the point's ranks (a bad RINGATTN_TEST_NODES fails them all).
+  std::optional<ShardLayout> layout_storage;
+  agreed_phase(comm, [&] { layout_storage.emplace(hybrid_layout(comm, b.layout, L, ulysses)); });
+  const ShardLayout& layout = *layout_storage;
   const std::vector<int64_t> pos = layout.positions(rank);
   const int64_t rows = static_cast<int64_t>(pos.size());
   // The emulated links: --emulate-* between ranks (between groups with --ulysses), and the link
@@ -366,7 +370,9 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
         try {
           pt = run_point(*sub, b, i, U);
         } catch (const std::exception& e) {
-          fail_now(world, e);  // ranks of the point may be blocked in a transfer: end them all
+          // Ranks of the point may be blocked in a transfer, and those outside it wait at the
+          // barrier below: end them all (a failure the point's ranks agreed on is reported already).
+          fail_now(world, e);
         }
       }
       sub.reset();

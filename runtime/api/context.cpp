@@ -133,8 +133,11 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
     if (!bad.argument().empty()) throw bad;
     throw ArgumentError("options", "options: another rank's options were refused");
   }
-  count_node_ranks(m.mpi->node_of_ranks(), m.mpi->rank(), m.local_rank, m.local_ranks);  // a bounded collective
-  m.nodes = find_nodes(*m.mpi);
+  // One discovery of the nodes (a bounded collective, as find_nodes): the real ones choose this
+  // rank's GPU, a test's pretend ones, if any, place the --ulysses groups.
+  const std::vector<int> nodes = m.mpi->node_of_ranks();
+  count_node_ranks(nodes, m.mpi->rank(), m.local_rank, m.local_ranks);
+  m.nodes = pretend_nodes(m.mpi->size()).value_or(nodes);
   m.ring_comm = m.mpi.get();
   if (options.backend == "cpu") {
     const int threads = options.threads > 0

@@ -6,7 +6,7 @@
 Groups (each a ctest test, see tests/CMakeLists.txt):
   bad_inputs  every bad input and unsupported combination, on 2 ranks: exit code 2, a message
               naming the option or file, printed once (by rank 0)
-  agreement   ranks started with different options or inputs (Open MPI MPMD): exit code 2
+  agreement   ranks started with different options, inputs or environments (Open MPI MPMD): exit code 2
   numerics    empty rows, |scores| ~ 1e4, values near the bfloat16 maximum, one row per rank:
               --check passes and the outputs hold no NaN; outputs appear complete or not at all
   binding     a rank bound to fewer cores than --threads: one warning naming the fix (on 1 or 2
@@ -149,8 +149,10 @@ class Runner:
         cmd = [self.mpiexec] + self.flags + (mca or [])
         if mpmd is None:
             return cmd + ["-np", str(np)] + program + args
-        for i, (n, part_args, wdir) in enumerate(mpmd):
-            cmd += ([":"] if i else []) + ["-np", str(n)] + (["-wdir", wdir] if wdir else []) + program + part_args
+        for i, (n, part_args, wdir, *env) in enumerate(mpmd):  # env: variables of this part's ranks alone
+            exports = [a for name, value in (env[0] if env else {}).items() for a in ("-x", name + "=" + value)]
+            cmd += ([":"] if i else []) + ["-np", str(n)] + (["-wdir", wdir] if wdir else []) + exports + program
+            cmd += part_args
         return cmd
 
     def start(self, args, env=None, **kw):
@@ -228,6 +230,8 @@ def outputs_left(workdir, name):
 # ---- the groups -------------------------------------------------------------------------------
 
 L, H, HKV, D = 64, 4, 2, 16
+LAYER = ["layer", "--demo", "--steps", "1", "--seq-len", str(L), "--d-model", str(H * D), "--heads", str(H)]
+BENCH = ["bench", "--ranks", "2", "--seq-len", str(L), "--heads", str(H), "--head-dim", str(D), "--iters", "1"]
 
 
 def make_inputs(w):
@@ -407,6 +411,17 @@ def bad_input_cases(w):
         ("json in a missing folder", small + ["--json", "nowhere/run.json"], None, ["--json nowhere/run.json"]),
         ("json over an output", small + ["--out", "o.npy", "--json", "o.npy"], None, ["--json o.npy: the same file as --out"]),
         ("malformed test hook", small, {"RINGATTN_TEST_RAISE": "1:x"}, ["RINGATTN_TEST_RAISE=1:x"]),
+        # the tests' pretend nodes, read where each job places its --ulysses groups
+        ("pretend nodes not a list", small + ["--ulysses", "2"], {"RINGATTN_TEST_NODES": "a,b"},
+         ["RINGATTN_TEST_NODES=a,b: not a comma-separated list of node ids"]),
+        ("pretend nodes not a list (layer)", LAYER + ["--ulysses", "2"], {"RINGATTN_TEST_NODES": "a,b"},
+         ["RINGATTN_TEST_NODES=a,b: not a comma-separated list of node ids"]),
+        ("pretend nodes for other ranks (layer)", LAYER + ["--ulysses", "2"], {"RINGATTN_TEST_NODES": "0,1,0"},
+         ["RINGATTN_TEST_NODES=0,1,0: 3 node ids for 2 ranks"]),
+        ("pretend nodes for other ranks (bench)", BENCH + ["--ulysses", "2"], {"RINGATTN_TEST_NODES": "0,1,0"},
+         ["RINGATTN_TEST_NODES=0,1,0: 3 node ids for 2 ranks"]),
+        ("ulysses that does not divide the ranks (layer)", LAYER + ["--ulysses", "3"], None,
+         ["--ulysses 3 does not divide the 2 ranks"]),
     ]
     if os.geteuid() != 0:  # root reads any file
         cases.append(("unreadable file", with_q("unreadable.npy"), None, ["--q unreadable.npy", "Permission denied"]))
@@ -467,6 +482,9 @@ def group_agreement(runner, w, jobs):
          ["different subcommands: 'attention' on rank 0 but 'bench' on rank 1"]),
         ("same option, different file contents", [(1, files, a), (1, files, b)],
          ["the ranks read different inputs", "--k k.npy", "(64, 2, 16) on rank 0 but", "(64, 1, 16) on rank 1"]),
+        ("bad pretend nodes on rank 1 only (layer)",
+         [(1, LAYER + ["--ulysses", "2"], None), (1, LAYER + ["--ulysses", "2"], None, {"RINGATTN_TEST_NODES": "x"})],
+         ["rank 1: RINGATTN_TEST_NODES=x: not a comma-separated list of node ids"]),
     ]
 
     def one(case):

@@ -475,17 +475,22 @@ TEST(AttentionCuda, OtherHeadDimsOnTheSimplePath) {
 }
 
 // The tensor-core kernels at D = 96 (12 output n-tiles) and 256 (Q read from shared memory, key
-// blocks of 32, dK/dV columns split over two CTAs), under a causal block mask with GQA, so that
-// full, partial and empty tiles and several query heads per K/V head all occur.
-TEST(AttentionCuda, HeadDims96And256OnTensorCores) {
-  SKIP_WITHOUT_GPU();
+// blocks of 32, dK/dV columns split over two CTAs), under a causal block mask (seeded by
+// `mask_seed`) with GQA, so that full, partial and empty tiles and several query heads per K/V
+// head all occur. These are the head dims whose tile shapes differ between architecture families.
+void check_head_dims_96_and_256(uint64_t mask_seed) {
   for (int64_t D : {96, 256}) {
     Problem p = basic(150, D, 2, 1);
     p.mask.causal = true;
     const int64_t n = (150 + 31) / 32;
-    p.mask.set_block_mask(random_block_mask(n, 11, 0.7), n, 32);
+    p.mask.set_block_mask(random_block_mask(n, mask_seed, 0.7), n, 32);
     check_problem(p);
   }
+}
+
+TEST(AttentionCuda, HeadDims96And256OnTensorCores) {
+  SKIP_WITHOUT_GPU();
+  check_head_dims_96_and_256(11);
 }
 
 #if defined(RINGATTN_CUDA_EMULATION)
@@ -496,13 +501,7 @@ TEST(AttentionCuda, Sm80ShapesOnTheEmulation) {
   struct Restore {
     ~Restore() { cuda_emulation::set_compute_capability(9, 0); }
   } restore;
-  for (int64_t D : {96, 256}) {
-    Problem p = basic(150, D, 2, 1);
-    p.mask.causal = true;
-    const int64_t n = (150 + 31) / 32;
-    p.mask.set_block_mask(random_block_mask(n, 13, 0.7), n, 32);
-    check_problem(p);
-  }
+  check_head_dims_96_and_256(13);
 }
 #endif
 
