@@ -42,7 +42,7 @@ inline void for_row_groups(int n, Fn&& fn) {
 
 // ST[j][:] = sum_d X[j][d] * Yt[d][:] for the RR rows of X starting at x (row stride xs).
 template <int RR>
-inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs, float* st) {
+inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs, float* st, V* lane_max) {
   V acc[RR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
@@ -66,12 +66,20 @@ inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs,
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) Isa::store(st + r * BR + v * W, acc[r][v]);
+  if (lane_max) {
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) lane_max[v] = Isa::max(lane_max[v], acc[r][v]);
+  }
 }
 
-// ST[j][:] for the n rows of X (scores S^T = K Qt, or dP^T = V dOt).
-inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st) {
+// ST[j][:] for the n rows of X (scores S^T = K Qt, or dP^T = V dOt). With lane_max, also folds
+// each lane's largest score into it while the scores are still in registers (the online
+// softmax's new running max, for blocks without an element mask).
+inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st, V* lane_max = nullptr) {
   for_row_groups(n, [&](auto rows, int j) {
-    rows_times_lanes<decltype(rows)::value>(yt, D, x + j * xs, xs, st + j * BR);
+    rows_times_lanes<decltype(rows)::value>(yt, D, x + j * xs, xs, st + j * BR, lane_max);
   });
 }
 
@@ -290,18 +298,20 @@ void forward_tile(const ForwardTileArgs& a) {
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
     const int nk = blk.count;
+    V mnew[NV], msafe[NV], alpha[NV], lsum[NV];
+    for (int v = 0; v < NV; ++v) mnew[v] = m[v];
+    const bool full = blk.kind != TileKind::partial;
     if (a.qt_pairs)
       scores_bf16(a.qt_pairs, D, a.k16 + blk.row0 * a.kv_stride, a.kv_stride, nk, a.score_scale, st);
     else
-      scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st);
-    if (blk.kind == TileKind::partial) {
+      scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st, full ? mnew : nullptr);
+    if (!full) {
       apply_element_mask(st, nk, blk.row0, a.nq, a.mask.lo, a.mask.hi, a.mask.brow, a.mask.k_pos,
                          a.mask.block_mask, a.mask.block_count, a.mask.mask_block);
     }
-    V mnew[NV], msafe[NV], alpha[NV], lsum[NV];
-    for (int v = 0; v < NV; ++v) mnew[v] = m[v];
-    for (int j = 0; j < nk; ++j)
-      for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
+    if (!full || a.qt_pairs)
+      for (int j = 0; j < nk; ++j)
+        for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
     for (int v = 0; v < NV; ++v) {
       // A lane that has seen only masked keys keeps m = -inf; subtracting a finite stand-in
       // keeps exp2(-inf - m) at 0 instead of NaN.
