@@ -31,8 +31,9 @@ using cpu::TileKernels;
 // instruction, P and dS rounded to bf16) than converted exactly to fp32 on the FMA. On AMD Zen 4
 // and 5 the dot product does twice the FMA's FLOPs per cycle; on the Intel Xeon of our
 // development machine (AVX512-BF16 without AMX) it measured half (105 vs 213 GFLOP/s on one
-// core), and its fp32 path ran bf16 rows 1.4-1.8x faster. Decided by vendor, not by timing, so
-// that a run's arithmetic never depends on the machine's load; RINGATTN_ISA=avx512bf16 forces it.
+// core), and its fp32 path ran bf16 rows 1.4-1.8x faster; other Intel cores are assumed alike.
+// Decided by vendor, not by timing, so that a run's arithmetic never depends on the machine's
+// load; RINGATTN_ISA=avx512bf16 forces the dot product.
 bool bf16_dot_outruns_fma() { return __builtin_cpu_is("amd"); }
 #endif
 
