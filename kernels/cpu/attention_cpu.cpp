@@ -58,7 +58,7 @@ void check_dims(const AttentionDims& dims) {
 void pack_query_lanes(const TileKernels& tk, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
                       int head_dim, float scale, float* dst) {
   if (dtype == DType::f32)
-    tk.pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst);
+    tk.pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst, tk.query_tile);
   else
     pack_transposed(src, dtype, first, row_stride, nq, head_dim, tk.query_tile, scale, dst);
 }
@@ -81,7 +81,7 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
   cpu::Workspace workspace;
   const PackedKeyValues packed =
       pack_key_values(dims, kv, PackRequest{!dot16, false, dot16, false}, threads, workspace);
-  const float* vt = cpu::pack_value_blocks(dims, kv, kblocks, tk.key_block, threads, workspace);
+  const float* vt = cpu::pack_value_blocks(dims, kv, kblocks, tk.key_block, tk.pack_lanes, threads, workspace);
   const int64_t items = static_cast<int64_t>(qtiles.size()) * B * H;
   const float qscale = dims.scale * kLog2e;
 

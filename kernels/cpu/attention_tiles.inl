@@ -450,8 +450,8 @@ float bf16_dot_loop(int64_t iters, float seed) {
 
 }  // namespace
 
-void pack_lanes(const float* src, int64_t stride, int nq, int D, float scale, float* dst) {
-  rows_to_lanes(src, stride, D, scale, [nq](int i) { return i < nq; }, dst);
+void pack_lanes(const float* src, int64_t stride, int nq, int D, float scale, float* dst, int lanes) {
+  rows_to_lanes(src, stride, D, scale, [nq](int i) { return i < nq; }, dst, lanes);
 }
 
 void add_lanes_to_rows(const float* src, int nq, int D, float* dst, int64_t stride) {

@@ -93,25 +93,27 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
 }
 
 float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
-                         int key_block, int threads, Workspace& workspace) {
+                         int key_block, PackLanesFn pack_lanes, int threads, Workspace& workspace) {
   const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, nblocks = static_cast<int64_t>(blocks.size());
-  const int64_t block_floats = D * key_block;
+  const int64_t block_floats = D * key_block, stride = Hkv * D;
+  const bool f32_in = kv.dtype == DType::f32;
   float* out = workspace.take<float>(static_cast<size_t>(B * Hkv * nblocks * block_floats));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<size_t>(D));
+    std::vector<float> rows(f32_in ? 0 : static_cast<size_t>(block_floats));  // a block's bf16 rows as fp32
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t kvh = 0; kvh < Hkv; ++kvh)
         for (int64_t kb = 0; kb < nblocks; ++kb) {
           float* vt = out + ((b * Hkv + kvh) * nblocks + kb) * block_floats;
           const RowSpan& blk = blocks[static_cast<size_t>(kb)];
-          for (int64_t j = 0; j < key_block; ++j) {
-            if (j < blk.count)
-              row_to_float(kv.v, kv.dtype, ((b * kv.rows + blk.row0 + j) * Hkv + kvh) * D, D, row.data());
-            else
-              std::fill(row.begin(), row.end(), 0.0f);
-            for (int64_t d = 0; d < D; ++d) vt[d * key_block + j] = row[static_cast<size_t>(d)];
+          const int count = static_cast<int>(blk.count);
+          const int64_t first = ((b * kv.rows + blk.row0) * Hkv + kvh) * D;
+          if (f32_in) {
+            pack_lanes(static_cast<const float*>(kv.v) + first, stride, count, int(D), 1.0f, vt, key_block);
+          } else {
+            for (int j = 0; j < count; ++j) row_to_float(kv.v, kv.dtype, first + j * stride, D, rows.data() + j * D);
+            pack_lanes(rows.data(), D, count, int(D), 1.0f, vt, key_block);
           }
         }
   }

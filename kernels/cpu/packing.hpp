@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "kernels/cpu/tile_args.hpp"
 #include "kernels/mask/tile_plan.hpp"
 #include "kernels/cpu/workspace.hpp"
 
@@ -53,8 +54,9 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
 // the block's rows): the operand of O += P V. Its broadcasts then walk one head dim's keys
 // contiguously instead of one cache line per key (measured: 8% of a forward call at D = 128).
 // Packed once per call, O(rows * D), for all the query tiles that visit the blocks.
+// pack_lanes: the ISA's register transposes (TileKernels::pack_lanes).
 float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
-                         int key_block, int threads, Workspace& workspace);
+                         int key_block, PackLanesFn pack_lanes, int threads, Workspace& workspace);
 
 // dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
 void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst);

@@ -105,6 +105,9 @@ struct BackwardBlockArgs {
   float score_scale = 1.0f;        // scale * log2(e), applied to bf16-dot scores
 };
 
+using PackLanesFn = void (*)(const float* src, int64_t stride, int nq, int head_dim, float scale, float* dst,
+                            int lanes);
+
 // The function table each ISA translation unit provides.
 struct TileKernels {
   const char* name;
@@ -118,9 +121,9 @@ struct TileKernels {
   bool bf16_dot;    // takes bf16 pairs (exact products, fp32 sums): forward Q K^T; every backward product
   float (*bf16_dot_loop)(int64_t iters, float seed);  // the bf16 dot-product peak probe (bf16_dot only)
   int bf16_dot_flops_per_iter;
-  // dst[d][i] = scale * src[i * stride + d] for i < nq, lanes past nq 0: fp32 rows packed as a
-  // query tile's transposed lanes [D][Br].
-  void (*pack_lanes)(const float* src, int64_t stride, int nq, int head_dim, float scale, float* dst);
+  // dst[d][i] = scale * src[i * stride + d] for i < nq, lanes past nq 0: fp32 rows packed as
+  // transposed lanes [D][lanes] (a query tile: lanes = Br; a key block's V^T: lanes = Bc).
+  PackLanesFn pack_lanes;
   // dst[i * stride + d] += src[d][i] for i < nq: a tile's transposed lanes added to its rows.
   void (*add_lanes_to_rows)(const float* src, int nq, int head_dim, float* dst, int64_t stride);
 };
