@@ -233,7 +233,9 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   std::vector<int64_t> lane_data(static_cast<size_t>(3 * super_tiles * lanes));
   // Each thread's dQ partials of the super-tile, [thread][slot][D][lanes].
   float* dq_partial = workspace.take<float>(static_cast<size_t>(threads * slots * slot_floats));
-  std::vector<std::vector<uint8_t>> touched(static_cast<size_t>(threads));
+  // Sized here, not by each thread: OpenMP may start fewer threads than asked (OMP_DYNAMIC, a
+  // caller's own parallel region), and the reduction below must then read "untouched".
+  std::vector<std::vector<uint8_t>> touched(static_cast<size_t>(threads), std::vector<uint8_t>(static_cast<size_t>(slots), 0));
   std::vector<int32_t> item_blocks;
   std::vector<std::pair<size_t, size_t>> ranges;
 
@@ -244,7 +246,6 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
     std::vector<BackwardTileRef> refs;
     float* my_dq = dq_partial + tid * slots * slot_floats;
     std::vector<uint8_t>& my_touched = touched[static_cast<size_t>(tid)];
-    my_touched.assign(static_cast<size_t>(slots), 0);
 
     for (int64_t t0 = 0; t0 < ntiles; t0 += super_tiles) {
       const int64_t nt = std::min(super_tiles, ntiles - t0);

@@ -3,6 +3,7 @@
 // of partial states. Tolerances in the FlashAttention manner: the kernel's error against fp64
 // may be at most a few times the error of a plain fp32 computation of the same thing.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -278,6 +279,24 @@ TEST(AttentionCpu, ThreadCountsAgree) {
   EXPECT_LE(max_abs_diff(one.dq, three.dq), 1e-5);
   const Outputs again = run_cpu_kernels(p, DType::f32, 3);
   EXPECT_EQ(three.dq, again.dq);  // deterministic run to run
+}
+
+// Called from a caller's own parallel region (nested parallelism off), a call asking for 3 threads
+// gets 1: the dQ reduction must then skip the threads that never ran, and results equal one thread's.
+TEST(AttentionCpu, FewerThreadsThanAskedGiveTheSameResult) {
+  Problem p = basic(300, 64, 2, 2, 2);
+  p.mask.causal = true;
+  const Outputs one = run_cpu_kernels(p, DType::f32, 1);
+  std::vector<Outputs> nested(2);
+  omp_set_max_active_levels(1);
+#pragma omp parallel num_threads(2)
+  nested[static_cast<size_t>(omp_get_thread_num())] = run_cpu_kernels(p, DType::f32, 3);
+  for (const Outputs& n : nested) {
+    EXPECT_EQ(n.o, one.o);
+    EXPECT_EQ(n.dq, one.dq);
+    EXPECT_EQ(n.dk, one.dk);
+    EXPECT_EQ(n.dv, one.dv);
+  }
 }
 
 // Attends to disjoint key chunks separately and merges: equals one pass to fp32 rounding, in any order.
