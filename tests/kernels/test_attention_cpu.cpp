@@ -203,7 +203,7 @@ TEST_P(HeadDims, CausalGqa) {
   p.mask.causal = true;
   check_problem(p);
 }
-INSTANTIATE_TEST_SUITE_P(AttentionCpu, HeadDims, ::testing::Values(16, 32, 64, 80, 96, 128, 256));
+INSTANTIATE_TEST_SUITE_P(AttentionCpu, HeadDims, ::testing::Values(16, 32, 64, 80, 96, 128, 256, 512));
 
 TEST(AttentionCpu, StripedQueriesAgainstAllKeys) {
   Problem p(1, 2, 2, 64, iota_positions(70, 2, 3), iota_positions(212));
