@@ -36,7 +36,6 @@ using cpu::lane_masks;
 using cpu::make_row_blocks;
 using cpu::pack_key_values;
 using cpu::pack_pairs;
-using cpu::pack_transposed;
 
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -53,14 +52,16 @@ void check_dims(const AttentionDims& dims) {
                                 " is not supported by the CPU kernels (multiples of 16 up to 512)");
 }
 
-// A query tile's rows (Q or dO, head h) as transposed lanes [D][lanes]: fp32 rows through the
-// ISA's register transposes, bf16 rows through the generic converting loop.
+// A query tile's rows (head h) as transposed lanes [D][lanes] through the ISA's register
+// transposes: fp32 rows straight from the source, bf16 rows converted into `rows` first.
 void pack_query_lanes(const TileKernels& tk, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
-                      int head_dim, float scale, float* dst) {
-  if (dtype == DType::f32)
+                      int head_dim, float scale, float* rows, float* dst) {
+  if (dtype == DType::f32) {
     tk.pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst, tk.query_tile);
-  else
-    pack_transposed(src, dtype, first, row_stride, nq, head_dim, tk.query_tile, scale, dst);
+  } else {
+    cpu::pack_rows(src, dtype, first, row_stride, nq, head_dim, rows);
+    tk.pack_lanes(rows, head_dim, nq, head_dim, scale, dst, tk.query_tile);
+  }
 }
 
 }  // namespace
@@ -88,6 +89,7 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> qt(dot16 ? 0 : static_cast<size_t>(D) * lanes);
+    std::vector<float> q_rows(!dot16 && q.dtype != DType::f32 ? static_cast<size_t>(D) * lanes : 0);
     std::vector<uint32_t> qt_pairs(dot16 ? static_cast<size_t>(D / 2) * lanes : 0);
     std::vector<float> scratch(static_cast<size_t>(cpu::forward_scratch_floats(tk, D)));
     std::vector<int64_t> lane_data(3 * static_cast<size_t>(lanes));
@@ -127,7 +129,7 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
         args.k16 = packed.k16 + kv_offset;
         args.score_scale = qscale;
       } else {
-        pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, qt.data());
+        pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, q_rows.data(), qt.data());
         args.qt = qt.data();
         args.k = packed.k + kv_offset;
       }
@@ -262,11 +264,13 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
           cpu::pack_row_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qp);
           cpu::pack_row_pairs(dout, qrow * D, H * D, tile.count, D, lanes, qp + slot_pairs);
         } else {
-          pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, &qt_all[s * slot_floats]);
-          pack_query_lanes(tk, dout, q.dtype, qrow * D, H * D, tile.count, D, 1.0f, &dot_all[s * slot_floats]);
+          // The fp32 rows once (read from the source once), then their transposed lanes.
           float* nq = &natural[2 * s * slot_floats];
+          float* ndo = nq + slot_floats;
           cpu::pack_rows(q.data, q.dtype, qrow * D, H * D, tile.count, D, nq);
-          cpu::pack_rows(dout, q.dtype, qrow * D, H * D, tile.count, D, nq + slot_floats);
+          cpu::pack_rows(dout, q.dtype, qrow * D, H * D, tile.count, D, ndo);
+          tk.pack_lanes(nq, D, tile.count, D, qscale, &qt_all[s * slot_floats], lanes);
+          tk.pack_lanes(ndo, D, tile.count, D, 1.0f, &dot_all[s * slot_floats], lanes);
         }
         float* lse2 = &lane_stats[2 * s * lanes];
         float* dl = lse2 + lanes;

@@ -1,7 +1,6 @@
 #include "kernels/cpu/packing.hpp"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace ringattn::kernels::cpu {
 
@@ -17,33 +16,7 @@ void row_to_float(const void* src, DType dtype, int64_t first, int64_t n, float*
   }
 }
 
-template <class T>
-void pack_transposed_typed(const T* src, int64_t row_stride, int nq, int head_dim, int lanes, float scale,
-                           float* dst) {
-  for (int i = 0; i < nq; ++i) {
-    const T* row = src + i * row_stride;
-    for (int d = 0; d < head_dim; ++d) {
-      if constexpr (std::is_same_v<T, float>)
-        dst[d * lanes + i] = scale * row[d];
-      else
-        dst[d * lanes + i] = scale * bf16_to_float(row[d]);
-    }
-  }
-}
-
 }  // namespace
-
-// dst[d][i] = scale * src row (row0 + i), head h; lanes past nq are zero.
-void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim,
-                     int lanes, float scale, float* dst) {
-  // Typed loops: a per-element test of the type cost as much as the copy.
-  if (dtype == DType::f32)
-    pack_transposed_typed(static_cast<const float*>(src) + first, row_stride, nq, head_dim, lanes, scale, dst);
-  else
-    pack_transposed_typed(static_cast<const bf16_bits*>(src) + first, row_stride, nq, head_dim, lanes, scale, dst);
-  for (int d = 0; d < head_dim; ++d)
-    for (int i = nq; i < lanes; ++i) dst[d * lanes + i] = 0.0f;
-}
 
 void pack_rows(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim, float* dst) {
   for (int i = 0; i < nq; ++i) row_to_float(src, dtype, first + i * row_stride, head_dim, dst + int64_t(i) * head_dim);
@@ -112,7 +85,7 @@ float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, cons
           if (f32_in) {
             pack_lanes(static_cast<const float*>(kv.v) + first, stride, count, int(D), 1.0f, vt, key_block);
           } else {
-            for (int j = 0; j < count; ++j) row_to_float(kv.v, kv.dtype, first + j * stride, D, rows.data() + j * D);
+            pack_rows(kv.v, kv.dtype, first, stride, count, int(D), rows.data());
             pack_lanes(rows.data(), D, count, int(D), 1.0f, vt, key_block);
           }
         }

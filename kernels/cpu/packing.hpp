@@ -1,15 +1,14 @@
-// Packing a call's rows into the layouts the tile functions read: query tiles transposed (fp32
-// or bf16 pairs), and K/V head-major.
+// Packing a call's rows into the layouts the tile functions read: rows as fp32 (which the ISA's
+// pack_lanes then transposes into query tiles), bf16 pairs, K/V head-major and V^T blocks.
 #pragma once
 
 #include <cstdint>
-
 #include <vector>
 
 #include "kernels/attention.hpp"
 #include "kernels/cpu/tile_args.hpp"
-#include "kernels/mask/tile_plan.hpp"
 #include "kernels/cpu/workspace.hpp"
+#include "kernels/mask/tile_plan.hpp"
 
 namespace ringattn::kernels::cpu {
 
@@ -17,10 +16,6 @@ inline float element(const void* base, DType dtype, int64_t index) {
   return dtype == DType::f32 ? static_cast<const float*>(base)[index]
                              : bf16_to_float(static_cast<const bf16_bits*>(base)[index]);
 }
-
-// dst[d][i] = scale * src row (row0 + i), head h; lanes past nq are zero.
-void pack_transposed(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim,
-                     int lanes, float scale, float* dst);
 
 // K and V of one call in head-major order [b][kv head][row][d]: fp32 for the fp32 arithmetic,
 // and (bf16 inputs on an ISA with a bf16 dot product) bf16 for the products that take bf16
