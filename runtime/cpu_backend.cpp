@@ -13,6 +13,8 @@ namespace {
 class CpuBackend final : public AttentionBackend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
+  // The kernels' cached temporaries go back to the system with the context that used them.
+  ~CpuBackend() override { kernels::release_cpu_workspace_cache(); }
   const char* name() const override { return "cpu"; }
   comm::MemorySpace memory() const override { return comm::MemorySpace::host; }
 

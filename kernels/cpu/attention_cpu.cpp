@@ -398,4 +398,6 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   }
 }
 
+void release_cpu_workspace_cache() { cpu::release_cached_workspace(); }
+
 }  // namespace ringattn::kernels

@@ -58,4 +58,9 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
                         const float* lse, const float* delta, float* dq, float* dk, float* dv, const MaskView& mask,
                         const CpuOptions& options);
 
+// The kernels keep the large temporaries (2 MiB and more) their calls freed for the next call,
+// at most what the largest call used (kernels/cpu/workspace.hpp says why). This hands them back to
+// the system; a later call maps afresh.
+void release_cpu_workspace_cache();
+
 }  // namespace ringattn::kernels
