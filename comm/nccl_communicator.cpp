@@ -84,13 +84,19 @@ struct NcclCommunicator::Impl {
     if (r != ncclSuccess) fail(std::string(call) + " failed: " + nccl_text(r));
   }
   ncclResult_t settle(const std::string& what) {
+    const ncclResult_t r = await_settled(comm);
+    if (r == ncclInProgress) fail("timed out after " + seconds_text(self.timeout()) + " s in " + what);
+    return r;
+  }
+  // Polls a non-blocking communicator until its pending call (initialisation, a split, a
+  // collective, finalisation) settles: its result, or ncclInProgress once the timeout has passed.
+  // The one wait every non-blocking call goes through, so none can hang a rank.
+  ncclResult_t await_settled(ncclComm_t c) const {
     const Stopwatch waited;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
-      if (state != ncclInProgress) return state;
-      if (waited.seconds() > self.timeout())
-        fail("timed out after " + seconds_text(self.timeout()) + " s in " + what);
+      if (ncclResult_t r = ncclCommGetAsyncError(c, &state); r != ncclSuccess) return r;
+      if (state != ncclInProgress || waited.seconds() > self.timeout()) return state;
       sched_yield();
     }
   }
@@ -169,14 +175,7 @@ void NcclCommunicator::Impl::make_stream() {
 
 void NcclCommunicator::Impl::agree_joined(ncclResult_t r, ncclComm_t joining, Communicator& everyone,
                                           const std::string& what) {
-  if (r == ncclInProgress && joining) {
-    const Stopwatch waited;
-    do {
-      ncclCommGetAsyncError(joining, &r);
-      if (r == ncclInProgress && waited.seconds() > self.timeout()) break;
-      sched_yield();
-    } while (r == ncclInProgress);
-  }
+  if (r == ncclInProgress && joining) r = await_settled(joining);
   int32_t bad = r == ncclSuccess ? 0 : 1;
   const std::string mine = r == ncclSuccess ? ""
                            : r == ncclInProgress
@@ -244,14 +243,7 @@ void NcclCommunicator::Impl::teardown() {
   if (comm && !finalized) {
     // Finalize flushes this rank's operations and waits for the peers; destroy then frees.
     ncclResult_t r = ncclCommFinalize(comm);
-    if (r == ncclInProgress) {
-      const Stopwatch waited;
-      do {
-        ncclCommGetAsyncError(comm, &r);
-        if (r == ncclInProgress && waited.seconds() > self.timeout()) break;
-        sched_yield();
-      } while (r == ncclInProgress);
-    }
+    if (r == ncclInProgress) r = await_settled(comm);
     if (r == ncclSuccess)
       ncclCommDestroy(comm);
     else
