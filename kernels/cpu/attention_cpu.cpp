@@ -39,6 +39,8 @@ using cpu::pack_pairs;
 
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// Fewest backward work items for which the ISA's larger backward key block is used.
+constexpr int64_t kMinBackwardItems = 64;
 
 int thread_count(const CpuOptions& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
@@ -191,7 +193,12 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const int D = static_cast<int>(dims.head_dim);
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, group = H / Hkv;
   const std::vector<RowSpan> qtiles = make_row_blocks(q.pos, q.rows, lanes);
-  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
+  // One work item per (key block, batch, kv head). The ISA's larger backward block where that
+  // still leaves many items (64: parallel work for as many threads as a rank has cores), else the
+  // forward's. Chosen from the shape alone, so results never depend on the thread count.
+  const int64_t wide_items = (kv.rows + tk.backward_key_block - 1) / tk.backward_key_block * B * Hkv;
+  const int key_block = wide_items >= kMinBackwardItems ? tk.backward_key_block : tk.key_block;
+  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, key_block);
   const int threads = thread_count(options);
   // bf16 inputs on an ISA with a bf16 dot product: all five products take bf16 operands with
   // fp32 sums, P and dS rounded to bf16 (FlashAttention-2's bf16 backward); no fp32 K/V copies.

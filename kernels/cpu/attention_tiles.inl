@@ -16,7 +16,8 @@ using V = Isa::V;
 constexpr int W = Isa::W;
 constexpr int NV = Isa::kQueryVecs;
 constexpr int BR = W * NV;            // query tile rows (lanes)
-constexpr int BC = Isa::kKeyBlock;    // key block rows
+constexpr int BC = Isa::kKeyBlock;    // key block rows (forward)
+constexpr int BCB = Isa::kBackwardKeyBlock;  // key block rows of a backward item
 constexpr int R = Isa::kRows;         // broadcast rows per micro-kernel step
 constexpr int GV = Isa::kGradVecs;    // head-dim vectors per dK/dV micro-kernel step
 constexpr float kLn2 = 0.693147180559945309f;
@@ -351,29 +352,29 @@ void forward_tile(const ForwardTileArgs& a) {
 void backward_block(const BackwardBlockArgs& a) {
   const int D = a.head_dim;
   const int nk = a.nk;
-  float* st = a.scratch;   // [BC][BR] scores -> P^T -> dS^T
-  float* dpt = st + BC * BR;
+  float* st = a.scratch;   // [BCB][BR] scores -> P^T -> dS^T
+  float* dpt = st + BCB * BR;
   if (a.k16) {
-    // K^T of the block as pairs of key rows, [D][BC/2], once for all the block's tiles.
-    bf16_bits* x16 = reinterpret_cast<bf16_bits*>(dpt + BC * BR);                       // [BC][BR]
-    uint32_t* ds_pairs = reinterpret_cast<uint32_t*>(dpt + BC * BR + BC * BR / 2);      // [BC/2][BR]
-    uint32_t* kt_pairs = ds_pairs + (BC / 2) * BR;                                       // [D][BC/2]
-    for (int jp = 0; jp < BC / 2; ++jp) {
+    // K^T of the block as pairs of key rows, [D][BCB/2], once for all the block's tiles.
+    bf16_bits* x16 = reinterpret_cast<bf16_bits*>(dpt + BCB * BR);                       // [BCB][BR]
+    uint32_t* ds_pairs = reinterpret_cast<uint32_t*>(dpt + BCB * BR + BCB * BR / 2);      // [BCB/2][BR]
+    uint32_t* kt_pairs = ds_pairs + (BCB / 2) * BR;                                       // [D][BCB/2]
+    for (int jp = 0; jp < BCB / 2; ++jp) {
       const int j = 2 * jp;
       const bf16_bits* k0 = a.k16 + j * a.kv_stride;
       const bf16_bits* k1 = k0 + a.kv_stride;
       for (int d = 0; d < D; ++d) {
         const uint32_t lo = j < nk ? k0[d] : 0, hi = j + 1 < nk ? k1[d] : 0;
-        kt_pairs[d * (BC / 2) + jp] = lo | (hi << 16);
+        kt_pairs[d * (BCB / 2) + jp] = lo | (hi << 16);
       }
     }
     for (int t = 0; t < a.num_tiles; ++t) backward_tile_bf16(a, a.tiles[t], st, dpt, x16, ds_pairs, kt_pairs);
     return;
   }
-  // K^T of the block [D][BC], once for all its tiles: dQ += dS K broadcasts then walk one head
+  // K^T of the block [D][BCB], once for all its tiles: dQ += dS K broadcasts then walk one head
   // dim's keys contiguously (as O += P V does in the forward).
-  float* kt = dpt + BC * BR;
-  rows_to_lanes(a.k, a.kv_stride, D, 1.0f, [nk](int j) { return j < nk; }, kt, BC);
+  float* kt = dpt + BCB * BR;
+  rows_to_lanes(a.k, a.kv_stride, D, 1.0f, [nk](int j) { return j < nk; }, kt, BCB);
   const V scale = Isa::set1(a.scale);
   for (int t = 0; t < a.num_tiles; ++t) {
     const BackwardTileRef& tile = a.tiles[t];
@@ -399,7 +400,7 @@ void backward_block(const BackwardBlockArgs& a) {
         Isa::store(st + j * BR + v * W, Isa::mul(Isa::mul(p, Isa::sub(dp, delta[v])), scale));
       }
     accumulate_grad(a.dk, a.dkv_stride, st, nk, tile.q, tile.q_stride, tile.nq, D);
-    accumulate_lanes<false>(tile.dqt, D, st, nk, kt, 1, BC, nullptr);
+    accumulate_lanes<false>(tile.dqt, D, st, nk, kt, 1, BCB, nullptr);
   }
 }
 
@@ -460,7 +461,7 @@ void add_lanes_to_rows(const float* src, int nq, int D, float* dst, int64_t stri
 }  // namespace
 
 TileKernels tile_kernels() {
-  return TileKernels{Isa::kName,         W,  BR, BC, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
+  return TileKernels{Isa::kName,         W,  BR, BC, BCB, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
                      Isa::kHasBf16Dot, &bf16_dot_loop<>, Isa::kHasBf16Dot ? kFmaChains * W * 4 : 0,
                      &pack_lanes,       &add_lanes_to_rows};
 }

@@ -135,7 +135,7 @@ void backward_tile_bf16(const BackwardBlockArgs& a, const BackwardTileRef& tile,
       }
     }
     accumulate_grad_bf16(a.dk, a.dkv_stride, x16, nk, tile.q_row_pairs, tile.nq, D);
-    accumulate_lanes_bf16(tile.dqt, D, ds_pairs, (nk + 1) / 2, kt_pairs, BC / 2);
+    accumulate_lanes_bf16(tile.dqt, D, ds_pairs, (nk + 1) / 2, kt_pairs, BCB / 2);
   } else {
     (void)a, (void)tile, (void)st, (void)dpt, (void)x16, (void)ds_pairs, (void)kt_pairs;
   }

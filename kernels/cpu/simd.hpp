@@ -28,7 +28,11 @@ struct Isa {
   using V = __m512;
   static constexpr int W = 16;           // fp32 lanes
   static constexpr int kQueryVecs = 4;   // query tile = 64 rows, one lane each
-  static constexpr int kKeyBlock = 64;   // keys per block
+  static constexpr int kKeyBlock = 64;   // keys per block (forward)
+  // Keys per backward work item (when the shape leaves enough items): a larger block reuses each
+  // query tile's Q, dO and dQ over more keys, 1-5% faster backward calls in interleaved runs here;
+  // the forward keeps 64, where 128 was no faster and adds masked work on causal diagonals.
+  static constexpr int kBackwardKeyBlock = 128;
   static constexpr int kRows = 6;        // broadcast rows per micro-kernel step (6 x 4 accumulators)
   static constexpr int kGradVecs = 4;    // dK/dV micro-kernel: 6 rows x 64 head-dim lanes
 #if defined(RINGATTN_BF16_DOT)
@@ -121,6 +125,7 @@ struct Isa {
   static constexpr int W = 8;
   static constexpr int kQueryVecs = 2;   // query tile = 16 rows (16 ymm registers in all)
   static constexpr int kKeyBlock = 64;
+  static constexpr int kBackwardKeyBlock = 64;
   static constexpr int kRows = 6;        // 6 x 2 accumulators
   static constexpr int kGradVecs = 2;    // dK/dV micro-kernel: 6 rows x 16 head-dim lanes
   static constexpr const char* kName = "avx2";
@@ -183,6 +188,7 @@ struct Isa {
   static constexpr int W = 1;
   static constexpr int kQueryVecs = 8;
   static constexpr int kKeyBlock = 32;
+  static constexpr int kBackwardKeyBlock = 32;
   static constexpr int kRows = 4;
   static constexpr int kGradVecs = 8;
   static constexpr const char* kName = "scalar";

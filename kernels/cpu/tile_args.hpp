@@ -113,7 +113,8 @@ struct TileKernels {
   const char* name;
   int lanes;        // W
   int query_tile;   // Br
-  int key_block;    // Bc
+  int key_block;    // Bc of the forward
+  int backward_key_block;  // Bc of a backward item
   void (*forward_tile)(const ForwardTileArgs&);
   void (*backward_block)(const BackwardBlockArgs&);
   float (*fma_loop)(int64_t iters, float seed);  // the benchmark's FMA peak probe
@@ -135,9 +136,9 @@ inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
 inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
   // ST and dPT [Bc][Br] fp32, then the block's K^T: fp32 [D][Bc], or on the bf16 path P and dS as
   // bf16 rows [Bc][Br], dS as pairs of key rows [Bc/2][Br] and K^T as pairs of key rows [D][Bc/2].
-  const int64_t tile = int64_t(t.key_block) * t.query_tile;
-  const int64_t kt_f32 = int64_t(head_dim) * t.key_block;
-  const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.key_block / 2) : 0;
+  const int64_t tile = int64_t(t.backward_key_block) * t.query_tile;
+  const int64_t kt_f32 = int64_t(head_dim) * t.backward_key_block;
+  const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.backward_key_block / 2) : 0;
   return 2 * tile + (kt_f32 > bf16_extra ? kt_f32 : bf16_extra) + 4 * t.query_tile;
 }
 

@@ -197,6 +197,23 @@ TEST(AttentionCpu, Batch) {
 
 TEST(AttentionCpu, LengthOne) { check_problem(basic(1)); }
 
+// Enough backward work items (batch x kv heads x key blocks >= 64) for the ISA's wider backward key
+// block (128 keys on AVX-512), with a partial last block, GQA and a causal window: checked against
+// fp64 (fp32 and bf16 storage), and its dK/dV still independent of the thread count.
+TEST(AttentionCpu, WideBackwardKeyBlocks) {
+  Problem p = basic(1030, 16, 8, 4, 2);
+  p.mask.causal = true;
+  p.mask.window_left = 300;
+  check_problem(p);
+  const Outputs one = run_cpu_kernels(p, DType::f32, 1);
+  const Outputs three = run_cpu_kernels(p, DType::f32, 3);
+  EXPECT_EQ(one.dk, three.dk);
+  EXPECT_EQ(one.dv, three.dv);
+  // bf16 storage too (the bf16 dot-product backward pairs K^T rows by the block's width)
+  p.q = round_to_bf16(p.q), p.k = round_to_bf16(p.k), p.v = round_to_bf16(p.v), p.dout = round_to_bf16(p.dout);
+  check_problem(p, DType::bf16);
+}
+
 class HeadDims : public ::testing::TestWithParam<int> {};
 TEST_P(HeadDims, CausalGqa) {
   Problem p = basic(131, GetParam(), 2, 1);
