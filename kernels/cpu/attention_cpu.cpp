@@ -54,18 +54,6 @@ void check_dims(const AttentionDims& dims) {
                                 " is not supported by the CPU kernels (multiples of 16 up to 512)");
 }
 
-// A query tile's rows (head h) as transposed lanes [D][lanes] through the ISA's register
-// transposes: fp32 rows straight from the source, bf16 rows converted into `rows` first.
-void pack_query_lanes(const TileKernels& tk, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
-                      int head_dim, float scale, float* rows, float* dst) {
-  if (dtype == DType::f32) {
-    tk.pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst, tk.query_tile);
-  } else {
-    cpu::pack_rows(src, dtype, first, row_stride, nq, head_dim, rows);
-    tk.pack_lanes(rows, head_dim, nq, head_dim, scale, dst, tk.query_tile);
-  }
-}
-
 }  // namespace
 
 void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyValueRows& kv, const MaskView& mask,
@@ -131,7 +119,8 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
         args.k16 = packed.k16 + kv_offset;
         args.score_scale = qscale;
       } else {
-        pack_query_lanes(tk, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, q_rows.data(), qt.data());
+        cpu::pack_lanes_from(tk.pack_lanes, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, q_rows.data(),
+                             qt.data(), lanes);
         args.qt = qt.data();
         args.k = packed.k + kv_offset;
       }

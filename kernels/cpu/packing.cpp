@@ -22,6 +22,16 @@ void pack_rows(const void* src, DType dtype, int64_t first, int64_t row_stride, 
   for (int i = 0; i < nq; ++i) row_to_float(src, dtype, first + i * row_stride, head_dim, dst + int64_t(i) * head_dim);
 }
 
+void pack_lanes_from(PackLanesFn pack_lanes, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
+                     int head_dim, float scale, float* rows, float* dst, int lanes) {
+  if (dtype == DType::f32) {
+    pack_lanes(static_cast<const float*>(src) + first, row_stride, nq, head_dim, scale, dst, lanes);
+  } else {
+    pack_rows(src, dtype, first, row_stride, nq, head_dim, rows);
+    pack_lanes(rows, head_dim, nq, head_dim, scale, dst, lanes);
+  }
+}
+
 PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads,
                                 Workspace& workspace) {
   const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, rows = kv.rows;
@@ -80,14 +90,9 @@ float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, cons
         for (int64_t kb = 0; kb < nblocks; ++kb) {
           float* vt = out + ((b * Hkv + kvh) * nblocks + kb) * block_floats;
           const RowSpan& blk = blocks[static_cast<size_t>(kb)];
-          const int count = static_cast<int>(blk.count);
           const int64_t first = ((b * kv.rows + blk.row0) * Hkv + kvh) * D;
-          if (f32_in) {
-            pack_lanes(static_cast<const float*>(kv.v) + first, stride, count, int(D), 1.0f, vt, key_block);
-          } else {
-            pack_rows(kv.v, kv.dtype, first, stride, count, int(D), rows.data());
-            pack_lanes(rows.data(), D, count, int(D), 1.0f, vt, key_block);
-          }
+          pack_lanes_from(pack_lanes, kv.v, kv.dtype, first, stride, static_cast<int>(blk.count), int(D), 1.0f,
+                          rows.data(), vt, key_block);
         }
   }
   return out;

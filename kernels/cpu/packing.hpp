@@ -42,6 +42,12 @@ struct PackRequest {
 // dst[i][d] = src row (first + i * row_stride) as fp32, rows of head_dim elements.
 void pack_rows(const void* src, DType dtype, int64_t first, int64_t row_stride, int nq, int head_dim, float* dst);
 
+// dst[d][i] = scale * source row i (i < nq; lanes past nq 0), [D][lanes], through the ISA's
+// register transposes (pack_lanes): fp32 rows straight from the source, bf16 rows converted into
+// `rows` ([nq][D], fp32) first. Query tiles (lanes = Br) and V^T blocks (lanes = Bc).
+void pack_lanes_from(PackLanesFn pack_lanes, const void* src, DType dtype, int64_t first, int64_t row_stride, int nq,
+                     int head_dim, float scale, float* rows, float* dst, int lanes);
+
 PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& kv, PackRequest want, int threads,
                                 Workspace& workspace);
 

@@ -13,8 +13,8 @@
 // (0.09-0.25 s a call instead of 0.04 s, measured). So the mappings a call frees are kept for the
 // next call, as PyTorch's caching allocators keep device memory: a ring step's calls ask for the
 // same sizes, and reuse costs neither faults nor compaction. The cache never raises the peak:
-// a call that finds no cached region large enough first unmaps every cached region it has not
-// taken, so a process holds at most what its largest call used. `release_cached_workspace` hands
+// a call that finds no cached region of its size (up to a quarter larger) first unmaps every
+// cached region it has not taken, so a process holds at most what its largest call used. `release_cached_workspace` hands
 // the cache back to the system.
 #pragma once
 
