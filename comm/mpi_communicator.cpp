@@ -96,6 +96,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, size_t chunk_bytes)
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw CommError("MpiCommunicator: MPI is not initialised (the program calls MPI_Init_thread first)");
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  any_thread_ = level >= MPI_THREAD_SERIALIZED;
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
   if (chunk_bytes_ == 0 || chunk_bytes_ > size_t(INT_MAX))
@@ -107,7 +110,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, size_t chunk_bytes)
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent)
-    : comm_(owned), chunk_bytes_(parent.chunk_bytes_), owner_(parent.owner_), links_(parent.links_) {
+    : comm_(owned),
+      chunk_bytes_(parent.chunk_bytes_),
+      owner_(parent.owner_.load()),
+      any_thread_(parent.any_thread_),
+      links_(parent.links_) {
   timeout_s_ = parent.timeout_s_;
   link_ = parent.link_;
   adopt();
@@ -284,7 +291,7 @@ void MpiCommunicator::wait(Request& r, const std::string& what) {
 }
 
 void MpiCommunicator::progress() {
-  if (std::this_thread::get_id() != owner_ || transfers_.empty()) return;
+  if (std::this_thread::get_id() != owner_.load(std::memory_order_relaxed) || transfers_.empty()) return;
   for (auto& [id, t] : transfers_)
     if (!t.mpi_done && t.error.empty()) {
       try {
@@ -521,11 +528,24 @@ void MpiCommunicator::check(int mpi_error_code, const char* call) const {
   if (mpi_error_code != MPI_SUCCESS) throw mpi_error(mpi_error_code, call);
 }
 
+// MPI_THREAD_FUNNELED: only the creating thread calls MPI. MPI_THREAD_SERIALIZED or more: another
+// thread may take over while nothing is outstanding (PyTorch runs the backward of CUDA tensors on
+// its autograd device thread, not the one that ran the forward); it then owns the communicator,
+// its progress() polls, until the next hand-over. A call from a second thread while transfers of
+// the first are outstanding would overlap MPI calls, which SERIALIZED forbids: an error.
 void MpiCommunicator::check_thread(const char* call) const {
-  if (std::this_thread::get_id() != owner_)
-    throw CommError(prefix() + call +
-                    " called off the thread that created the communicator; with MPI_THREAD_FUNNELED only that "
-                    "thread may call MPI");
+  const std::thread::id self = std::this_thread::get_id();
+  if (self == owner_.load(std::memory_order_relaxed)) return;
+  if (any_thread_ && transfers_.empty()) {
+    owner_.store(self, std::memory_order_relaxed);
+    return;
+  }
+  throw CommError(prefix() + call +
+                  (any_thread_ ? " called from a second thread while " + std::to_string(transfers_.size()) +
+                                     " transfers of another are outstanding; MPI calls must not overlap"
+                               : std::string(" called off the thread that created the communicator; with "
+                                             "MPI_THREAD_FUNNELED only that thread may call MPI (initialise MPI "
+                                             "with MPI_THREAD_SERIALIZED to let another thread take over)")));
 }
 
 void MpiCommunicator::check_per_rank(size_t n, const char* call) const {

@@ -1,9 +1,10 @@
 // The MPI communicator: point-to-point transfers and collectives over an MPI communicator, on
-// host memory. The caller owns MPI_Init_thread (MPI_THREAD_FUNNELED) and MPI_Finalize.
+// host memory. The caller owns MPI_Init_thread (MPI_THREAD_FUNNELED or more) and MPI_Finalize.
 //
-// Threads. Only the thread that created the communicator calls MPI (FUNNELED). progress() called
-// from any other thread, e.g. an OpenMP worker in a compute loop, returns at once; any other call
-// from another thread throws CommError.
+// Threads. One thread at a time calls MPI: under FUNNELED the one that created the communicator;
+// under SERIALIZED or MULTIPLE, whichever called last, and another may take over whenever no
+// transfer is outstanding (check_thread). progress() called from any other thread, e.g. an OpenMP
+// worker in a compute loop, returns at once; any other call from another thread throws CommError.
 //
 // Progress. MPI moves a large (rendezvous) message only while the processes at both ends are
 // inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it
@@ -57,6 +58,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -181,7 +183,11 @@ class MpiCommunicator : public Communicator {
   int tag_ub_ = 32767;
   std::vector<int> world_ranks_;  // empty when ranks here are the world's ranks
   size_t chunk_bytes_;
-  std::thread::id owner_;
+  // The thread that may call MPI: the creator's, or, when MPI runs at MPI_THREAD_SERIALIZED or more
+  // (any_thread_), whichever thread last called in while nothing was outstanding (check_thread).
+  // Atomic because compute threads read it in progress() while the owner may hand it on.
+  mutable std::atomic<std::thread::id> owner_;
+  bool any_thread_ = false;
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
   std::vector<std::unique_ptr<double>> released_departures_;  // of transfers given up (after a timeout)

@@ -4,18 +4,19 @@
 #   1. finds nvcc even when it is not on PATH (the toolkit's standard folders), configures the
 #      whole project, or, when MPI/Boost/OpenBLAS/NCCL are missing, only the CPU and CUDA kernels,
 #      their tests and the GPU benchmark (-DRINGATTN_GPU_CHECK_ONLY=ON); builds for this GPU only;
-#   2. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
-#      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels);
-#   3. the kernel tests (ctest label cuda, without the CPU emulation's copies);
-#   4. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
+#   2. the kernel tests (ctest label cuda, without the CPU emulation's copies);
+#   3. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
 #      (host-staged transfers) with --check, and one rank of the LoRA layer on it (cuBLAS bf16
 #      GEMMs, its RoPE and bias kernels, NCCL's reduce-scatter) checked against the CPU backend,
 #      when MPI is there (otherwise skipped, said so); and the Python module on CUDA tensors
 #      (forward and backward at P = 1 against fp64, on torch's current stream;
 #      tests/python/cuda_check.py) when it was built and torch has CUDA;
-#   5. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
+#   4. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
 #      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
 #      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
+#   5. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
+#      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels),
+#      after the tests and the table so that a slow sanitizer cannot spend their budget;
 #   6. the SASS report of the build (launch/sass-report.sh) when a disassembler is there.
 #
 #   launch/gpu-check.sh [RESULT.json]
@@ -24,7 +25,12 @@
 # tests, the sanitizers and the checks pass, 1 otherwise. Every step has a timeout and the whole
 # check a budget (RINGATTN_GPU_CHECK_BUDGET seconds, default 420: 7 minutes).
 # Environment: RINGATTN_GPU_CHECK_BUILD (build folder, default build-gpu-check),
-# RINGATTN_GPU_CHECK_QUICK=1 (lengths 4K and 16K only), CUDA_ARCH (default: this GPU's, e.g. 90).
+# RINGATTN_GPU_CHECK_QUICK=1 (lengths 4K and 16K only), CUDA_ARCH (default: this GPU's, e.g. 90),
+# RINGATTN_GPU_CHECK_SKIP (steps to leave out, by the first word of their name: e.g. "sanitizer
+# bench torch sass" for a second run that only needs the rest), RINGATTN_GPU_CHECK_DEPS (an archive
+# of launch/gpu-deps.sh: Boost.Program_options and OpenBLAS for machines without them, so that the
+# whole project builds and the ring, the layer and the Python module run on the GPU),
+# RINGATTN_GPU_CHECK_PREBUILT (kernel binaries built elsewhere, run when the build here fails).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,6 +76,9 @@ lengths=4096,8192,16384,32768
 step() {
   local name=$1 limit=$2
   shift 2
+  case " ${RINGATTN_GPU_CHECK_SKIP:-} " in
+    *" ${name%%_*} "*) echo "== $name: skipped (RINGATTN_GPU_CHECK_SKIP)"; echo "$name 126 0" >> "$steps"; return 0 ;;
+  esac
   local left=$(( deadline - $(date +%s) - 15 ))
   if [ "$left" -lt 20 ]; then
     echo "== $name: skipped, the check's budget is spent"
@@ -117,10 +126,30 @@ if command -v python3 >/dev/null 2>&1; then
   [ -n "$pybind11_dir" ] && python_args+=(-Dpybind11_DIR="$pybind11_dir")
 fi
 
+# What the machine lacks for the whole project, packed elsewhere by launch/gpu-deps.sh: the
+# archive is unpacked into the build folder and its Boost and OpenBLAS are named to CMake; the
+# programs find their libraries through LD_LIBRARY_PATH (mpirun's local ranks inherit it).
+deps_args=()
+if [ -n "${RINGATTN_GPU_CHECK_DEPS:-}" ]; then
+  deps=$PWD/$build/deps
+  rm -rf "$deps" && mkdir -p "$deps"
+  if tar xJf "$RINGATTN_GPU_CHECK_DEPS" -C "$deps"; then
+    deps_lib=$deps/lib/x86_64-linux-gnu
+    boost_dir=$(ls -d "$deps_lib"/cmake/Boost-* | head -n 1)
+    deps_args=(-DBoost_DIR="$boost_dir" -DOPENBLAS_INCLUDE_DIR="$deps/include/openblas"
+               -DOPENBLAS_LIBRARY="$deps_lib/libopenblas.so")
+    export LD_LIBRARY_PATH="$deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "# dependencies from $RINGATTN_GPU_CHECK_DEPS: $(basename "$boost_dir"), OpenBLAS"
+  else
+    echo "# could not unpack $RINGATTN_GPU_CHECK_DEPS; configuring without it"
+  fi
+fi
+
 # 1. Configure: the whole project if this machine allows it, else the GPU check build; build.
 mode=full
 if ! step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-     -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ${python_args[@]+"${python_args[@]}"} ||
+     -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ${python_args[@]+"${python_args[@]}"} \
+     ${deps_args[@]+"${deps_args[@]}"} ||
    [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
   mode=check-only
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
@@ -136,37 +165,32 @@ if [ "$mode" = full ]; then
 else
   targets=(all)
 fi
+bench=$build/ringattn_gpu_bench
+cuda_tests=$build/ringattn_cuda_tests
 if ! step build 240 cmake --build "$build" -j"$jobs" --target "${targets[@]}"; then
   echo "# build failed: see $logs/build.log"
   status=1
-fi
-bench=$build/ringattn_gpu_bench
-
-# 2. compute-sanitizer on small shapes of every kernel: the benchmark at L = 192 (three query tiles,
-# causal and not, every tensor-core head dim, and the simple kernels), and, with GoogleTest, the
-# tests that reach partial tiles under every mask kind, merging and GQA.
-if [ -n "$sanitizer" ]; then
-  small=(--heads 2 --lengths 192 --causal both --warmup 0 --iters 1)
-  for tool in memcheck racecheck synccheck; do
-    step "sanitizer_$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 \
-      "$bench" "${small[@]}" --head-dims 64,96,128,256 --kernel tensor_core || status=1
-    step "sanitizer_${tool}_simple" 40 "$sanitizer" --tool "$tool" --error-exitcode 9 \
-      "$bench" "${small[@]}" --head-dims 64 --kernel simple || status=1
-  done
-  if grep -q 'GTest_FOUND:INTERNAL=1\|GTest_DIR:PATH=/' "$build/CMakeCache.txt" 2>/dev/null; then
-    step sanitizer_memcheck_tests 60 "$sanitizer" --tool memcheck --error-exitcode 9 \
-      "$build/tests/kernels/cuda/ringattn_cuda_tests" \
-      --gtest_filter='AttentionCuda.EveryMaskAtOnce:AttentionCuda.GroupedQueryAttention:AttentionCuda.HeadDims96And256OnTensorCores:AttentionCuda.ChunkedForwardAndBackwardEqualOnePass' ||
-      status=1
+  # RINGATTN_GPU_CHECK_PREBUILT: a folder with ringattn_gpu_bench and ringattn_cuda_tests built
+  # elsewhere for this architecture (and libcudart.so.13 when the toolkit here has another), so
+  # that a failed build here still leaves the kernels checked.
+  prebuilt=${RINGATTN_GPU_CHECK_PREBUILT:-}
+  if [ -n "$prebuilt" ] && [ -x "$prebuilt/ringattn_gpu_bench" ]; then
+    echo "# running the prebuilt binaries of $prebuilt"
+    export LD_LIBRARY_PATH="$prebuilt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    bench=$prebuilt/ringattn_gpu_bench
+    cuda_tests=$prebuilt/ringattn_cuda_tests
+    mode=prebuilt
   fi
-else
-  skipped sanitizers "no compute-sanitizer next to nvcc or on PATH"
 fi
 
-# 3. The kernel tests (the emulated copies are for machines without a GPU).
-step tests 120 ctest --test-dir "$build" -L cuda -E 'emulated|mpi' --output-on-failure --timeout 110 || status=1
+# 2. The kernel tests (the emulated copies are for machines without a GPU).
+if [ "$mode" = prebuilt ]; then
+  step tests 120 "$cuda_tests" || status=1
+else
+  step tests 120 ctest --test-dir "$build" -L cuda -E 'emulated|mpi' --output-on-failure --timeout 110 || status=1
+fi
 
-# 4. The CUDA backend and the ring on this GPU: one rank, and two ranks sharing it (host-staged).
+# 3. The CUDA backend and the ring on this GPU: one rank, and two ranks sharing it (host-staged).
 if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
   ring=(--backend cuda --comm mpi --dtype bf16 --seq-len 16384 --heads 8 --head-dim 128 --causal --backward --check)
   step ring_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" \
@@ -199,10 +223,31 @@ else
   skipped python_cuda "the Python module was not built (no MPI, pybind11 or Python headers)"
 fi
 
-# 5. Benchmarks: ours, then torch's on the same shapes, then one table.
+# 4. Benchmarks: ours, then torch's on the same shapes, then one table.
 bench_args=(--heads 16 --batch 1 --head-dims 64,128 --lengths "$lengths" --causal both --warmup 2 --iters 5)
 step bench 120 "$bench" --json "$logs/ours.json" "${bench_args[@]}" || status=1
 step torch 120 python3 launch/bench/bench_torch_sdpa.py --json "$logs/torch.json" "${bench_args[@]}" || true
+
+# 5. compute-sanitizer on small shapes of every kernel: the benchmark at L = 192 (three query tiles,
+# causal and not, every tensor-core head dim, and the simple kernels), and, with GoogleTest, the
+# tests that reach partial tiles under every mask kind, merging and GQA.
+if [ -n "$sanitizer" ]; then
+  small=(--heads 2 --lengths 192 --causal both --warmup 0 --iters 1)
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer_$tool" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$bench" "${small[@]}" --head-dims 64,96,128,256 --kernel tensor_core || status=1
+    step "sanitizer_${tool}_simple" 40 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$bench" "${small[@]}" --head-dims 64 --kernel simple || status=1
+  done
+  if grep -q 'GTest_FOUND:INTERNAL=1\|GTest_DIR:PATH=/' "$build/CMakeCache.txt" 2>/dev/null; then
+    step sanitizer_memcheck_tests 60 "$sanitizer" --tool memcheck --error-exitcode 9 \
+      "$cuda_tests" \
+      --gtest_filter='AttentionCuda.EveryMaskAtOnce:AttentionCuda.GroupedQueryAttention:AttentionCuda.HeadDims96And256OnTensorCores:AttentionCuda.ChunkedForwardAndBackwardEqualOnePass' ||
+      status=1
+  fi
+else
+  skipped sanitizers "no compute-sanitizer next to nvcc or on PATH"
+fi
 
 # 6. What the compiler made of the kernels (needs cuobjdump; the CUDA images may lack it).
 step sass 30 launch/sass-report.sh --arch "$arch" --json "$logs/sass.json" \

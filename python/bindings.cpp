@@ -25,7 +25,8 @@ void ensure_mpi() {
   MPI_Initialized(&initialised);
   if (initialised) return;
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // SERIALIZED, not FUNNELED: autograd runs the backward of CUDA tensors on its own device thread.
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   we_initialised_mpi = true;
 }
 

@@ -13,7 +13,9 @@
 // Pointers are in the backend's memory (host memory for the CPU backend, device memory for CUDA).
 // Every call is collective over the context's ranks, which must make the same calls in the same
 // order. The caller owns MPI_Init_thread (MPI_THREAD_FUNNELED or more) and MPI_Finalize, and calls
-// from the thread that created the context.
+// from the thread that created the context; with MPI_THREAD_SERIALIZED or more, from any one
+// thread at a time (a call is finished before the next begins), as PyTorch's autograd does when it
+// runs the backward of CUDA tensors on its device thread.
 //
 // Errors. A bad argument on any rank throws ArgumentError on every rank, naming the argument,
 // before any tensor data moves (shapes that differ between ranks are bad arguments too). A peer

@@ -5,6 +5,7 @@ With --ulysses U: the hybrid (ulysses=U) on a few of these cases, and a U that d
 the heads or the ranks refused on every rank, naming both."""
 import argparse
 import sys
+import threading
 
 import torch
 
@@ -19,7 +20,26 @@ parser.add_argument("--ulysses", type=int, default=1)
 U = parser.parse_args().ulysses  # the hybrid degree every case runs with
 
 
-def run_case(name, L, H, Hkv, D, dtype=torch.float32, layout=None, **mask):
+def backward_on_another_thread(o, dout):
+    """o.backward(dout) on a thread of its own, as PyTorch's autograd runs the backward of CUDA
+    tensors (on its device thread): the communicator, created by the forward on this thread, is
+    taken over by that one (MPI_THREAD_SERIALIZED, which the module asks for)."""
+    errors = []
+
+    def run():
+        try:
+            o.backward(dout)
+        except Exception as e:  # re-raised on this thread
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
+def run_case(name, L, H, Hkv, D, dtype=torch.float32, layout=None, backward_thread=False, **mask):
     g = torch.Generator().manual_seed(len(name) * 7919 + L)  # the same on every rank
     B = 2
     q = torch.randn(B, L, H, D, generator=g, dtype=torch.float64)
@@ -47,7 +67,10 @@ def run_case(name, L, H, Hkv, D, dtype=torch.float32, layout=None, **mask):
     sharding = dict(layout=layout, causal=mask.get("causal", False), ulysses=U)
     xs = [ringattn.shard(x.to(dtype), **sharding).requires_grad_() for x in (q, k, v)]
     o = ringattn.attention(*xs, layout=layout, ulysses=U, **mask)
-    o.backward(ringattn.shard(dout.to(dtype), **sharding))
+    if backward_thread:
+        backward_on_another_thread(o, ringattn.shard(dout.to(dtype), **sharding))
+    else:
+        o.backward(ringattn.shard(dout.to(dtype), **sharding))
     got = [ringattn.unshard(t.detach().double(), **sharding) for t in [o] + [x.grad for x in xs]]
     for label, r, s, e in zip(("o", "dq", "dk", "dv"), got, same, exact):
         err, yardstick = (r - e).abs().max().item(), (s - e).abs().max().item()
@@ -125,6 +148,7 @@ if U > 1:
 check_unshard_gradient()
 run_case("none", 256, 4, 4, 32)
 run_case("causal GQA uneven", 301, 4, 2, 16, causal=True)
+run_case("causal, backward on a thread", 301, 4, 2, 16, causal=True, backward_thread=True)
 run_case("causal MQA striped ring", 250, 4, 1, 16, layout="striped", causal=True, schedule="ring")
 run_case("window", 300, 2, 2, 16, window=(32, 16))
 run_case("causal window contiguous", 299, 2, 1, 16, layout="contiguous", causal=True, window=(48, -1))
