@@ -220,6 +220,8 @@ inline unsigned __float_as_uint(float f) {
 }
 // Fast division (MUFU.RCP on the GPU, within 2 ulp): exact here.
 inline float __fdividef(float a, float b) { return a / b; }
+// A product the compiler may not fuse into a following addition (nor does any here: no -mfma).
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline void __syncthreads() { cuda_emulation::sync_block(); }
 // Blocks run one at a time: memory is always coherent, fences and pauses have nothing to do.
 inline void __threadfence() {}

@@ -184,7 +184,7 @@ __device__ __forceinline__ void backward_tile(const AttentionParams& p) {
         const bool ok = tile.kind == TileKind::partial
                             ? ((visible_words[kWords * col + word] >> (key & 31)) & 1u) != 0
                             : key < kspan.count && col < tile.span.count;
-        const float pr = ok ? exp2f(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
+        const float pr = ok ? exp2_approx(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
         st[nt][e] = pr;
         dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
       }

@@ -59,6 +59,21 @@ constexpr float kLn2 = 0.693147180559945309f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
+// 2^x by the special-function unit alone (ex2.approx.ftz: about 2 ulp, results below 2^-126
+// flushed to 0, -inf gives 0), as FlashAttention's fast-math build computes its exponentials.
+// exp2f without fast math adds a range fix-up around the same instruction for subnormal results,
+// which a probability that small (it is added to a sum of at least 1) does not need. The CPU
+// emulation computes exp2f.
+__device__ __forceinline__ float exp2_approx(float x) {
+#if defined(RINGATTN_CUDA_EMULATION)
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 __device__ __forceinline__ float load_element(const void* base, ElementType t, int64_t i) {
   switch (t) {
     case ElementType::f32:
