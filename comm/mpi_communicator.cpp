@@ -543,9 +543,10 @@ void MpiCommunicator::check_thread(const char* call) const {
   throw CommError(prefix() + call +
                   (any_thread_ ? " called from a second thread while " + std::to_string(transfers_.size()) +
                                      " transfers of another are outstanding; MPI calls must not overlap"
-                               : std::string(" called off the thread that created the communicator; with "
-                                             "MPI_THREAD_FUNNELED only that thread may call MPI (initialise MPI "
-                                             "with MPI_THREAD_SERIALIZED to let another thread take over)")));
+                               : std::string(" called off the thread that created the communicator; MPI "
+                                             "runs at MPI_THREAD_FUNNELED (MPI_Query_thread), where only that "
+                                             "thread may call it (MPI_THREAD_SERIALIZED or more lets another "
+                                             "thread take over; the Python module asks for it)")));
 }
 
 void MpiCommunicator::check_per_rank(size_t n, const char* call) const {

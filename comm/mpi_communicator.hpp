@@ -4,7 +4,9 @@
 // Threads. One thread at a time calls MPI: under FUNNELED the one that created the communicator;
 // under SERIALIZED or MULTIPLE, whichever called last, and another may take over whenever no
 // transfer is outstanding (check_thread). progress() called from any other thread, e.g. an OpenMP
-// worker in a compute loop, returns at once; any other call from another thread throws CommError.
+// worker in a compute loop, returns at once; any other call from another thread throws CommError
+// (FUNNELED, or while transfers are outstanding). Callers must not overlap their calls: two
+// threads inside blocking collectives at once are not detected.
 //
 // Progress. MPI moves a large (rendezvous) message only while the processes at both ends are
 // inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it

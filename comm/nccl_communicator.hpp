@@ -35,7 +35,8 @@
 // NcclCommunicator on the same device with its own stream, ordered after the same compute
 // stream, and a split of the MPI duplicate for its own fallbacks. (--ulysses: the group's.)
 //
-// Threads: one thread uses the communicator (the one that created it).
+// Threads: one thread at a time uses the communicator, with its device current (the context's
+// entry points make it so: AttentionBackend::use_from_this_thread).
 #pragma once
 
 #include <mpi.h>

@@ -17,7 +17,9 @@
 #   5. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
 #      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels),
 #      after the tests and the table so that a slow sanitizer cannot spend their budget;
-#   6. the SASS report of the build (launch/sass-report.sh) when a disassembler is there.
+#   6. the SASS report of the build (launch/sass-report.sh) when a disassembler is there;
+#   7. Nsight Compute's sections on one forward and one backward kernel (ncu.log), when ncu is
+#      there. With OUT set, every log and JSON file is also packed into $OUT/gpu-check-logs.tgz.
 #
 #   launch/gpu-check.sh [RESULT.json]
 # RESULT.json defaults to $OUT/gpu-check.json when OUT is set, else <build>/gpu-check.json; the
@@ -32,6 +34,10 @@
 # whole project builds and the ring, the layer and the Python module run on the GPU),
 # RINGATTN_GPU_CHECK_PREBUILT (kernel binaries built elsewhere, run when the build here fails).
 set -uo pipefail
+# Paths the caller gave, made absolute before the cd below.
+for v in RINGATTN_GPU_CHECK_DEPS RINGATTN_GPU_CHECK_PREBUILT RINGATTN_GPU_CHECK_BUILD; do
+  if [ -n "${!v:-}" ] && [ "${!v#/}" = "${!v}" ]; then export "$v=$PWD/${!v}"; fi
+done
 cd "$(dirname "$0")/.."
 
 budget=${RINGATTN_GPU_CHECK_BUDGET:-420}
@@ -76,9 +82,11 @@ lengths=4096,8192,16384,32768
 step() {
   local name=$1 limit=$2
   shift 2
-  case " ${RINGATTN_GPU_CHECK_SKIP:-} " in
-    *" ${name%%_*} "*) echo "== $name: skipped (RINGATTN_GPU_CHECK_SKIP)"; echo "$name 126 0" >> "$steps"; return 0 ;;
-  esac
+  if [ "$name" != configure ] && [ "$name" != build ]; then  # everything after them needs the build
+    case " ${RINGATTN_GPU_CHECK_SKIP:-} " in
+      *" ${name%%_*} "*) echo "== $name: skipped (RINGATTN_GPU_CHECK_SKIP)"; echo "$name 126 0" >> "$steps"; return 0 ;;
+    esac
+  fi
   local left=$(( deadline - $(date +%s) - 15 ))
   if [ "$left" -lt 20 ]; then
     echo "== $name: skipped, the check's budget is spent"
@@ -131,7 +139,7 @@ fi
 # programs find their libraries through LD_LIBRARY_PATH (mpirun's local ranks inherit it).
 deps_args=()
 if [ -n "${RINGATTN_GPU_CHECK_DEPS:-}" ]; then
-  deps=$PWD/$build/deps
+  deps=$(cd "$build" && pwd)/deps
   rm -rf "$deps" && mkdir -p "$deps"
   if tar xJf "$RINGATTN_GPU_CHECK_DEPS" -C "$deps"; then
     deps_lib=$deps/lib/x86_64-linux-gnu
@@ -253,7 +261,25 @@ fi
 step sass 30 launch/sass-report.sh --arch "$arch" --json "$logs/sass.json" \
   "$build/kernels/cuda/libringattn_kernels_cuda.a" || true
 
+# 7. Where the kernels' time goes: Nsight Compute on one forward and one backward tensor-core
+# kernel (D = 128, L 16K, not causal), the sections that work without PC sampling; informative,
+# never a failure. The clocks are left alone (--clock-control none), as for the timings above.
+ncu_path=$(command -v ncu || true)
+[ -z "$ncu_path" ] && [ -n "$nvcc_path" ] && [ -x "$(dirname "$nvcc_path")/ncu" ] && ncu_path=$(dirname "$nvcc_path")/ncu
+if [ -n "$ncu_path" ]; then
+  step ncu 90 "$ncu_path" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \
+    --section InstructionStats -k 'regex:forward_kernel|backward_kernel' -c 2 \
+    "$bench" --heads 16 --lengths 16384 --head-dims 128 --causal no --warmup 0 --iters 1 --kernel tensor_core || true
+else
+  skipped ncu "no Nsight Compute (ncu) next to nvcc or on PATH"
+fi
+
 step report 20 python3 launch/bench/bench_torch_sdpa.py --compare "$logs/ours.json" "$logs/torch.json" \
   --steps "$steps" --out "$result" || true
+# The device tool brings back at most 8 files from $OUT: every log and JSON file in one archive too.
+if [ -n "${OUT:-}" ] && [ "$logs" = "$OUT" ]; then
+  (cd "$OUT" && tar czf gpu-check-logs.tgz --exclude gpu-check-logs.tgz ./*.log ./*.json 2>/dev/null) || true
+fi
 echo "# GPU check $([ "$status" = 0 ] && echo passed || echo FAILED): $result"
 exit "$status"

@@ -90,6 +90,10 @@ class AttentionBackend {
   // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
   // its transfers with it on the device; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // Makes the backend usable from the calling thread (CUDA: its device current there). A context
+  // may be driven by several threads, one at a time (PyTorch runs the backward of CUDA tensors
+  // on its autograd device thread); every public entry point calls this first. No-op on the CPU.
+  virtual void use_from_this_thread() {}
   // Ordering with a stream of the caller's (a cudaStream_t; nullptr: CUDA's legacy default
   // stream), on the device, with no host or device-wide synchronisation. after_stream: work
   // queued here from now on starts after the work queued on `stream` so far (the kernels that

@@ -82,6 +82,9 @@ class CudaBackend final : public AttentionBackend {
   }
 
   const char* name() const override { return "cuda"; }
+  void use_from_this_thread() override {
+    check(cudaSetDevice(device_), ("selecting device " + std::to_string(device_)).c_str());
+  }
   comm::MemorySpace memory() const override { return comm::MemorySpace::device; }
 
   void* allocate(size_t bytes) override {

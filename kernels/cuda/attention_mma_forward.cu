@@ -62,7 +62,7 @@ struct ForwardChoice<96, 90> {  // 168 registers, 68 KiB: 3 CTAs
   using type = ForwardShape<96, 64, false, 3, 90>;
 };
 template <int Arch>
-struct ForwardChoice<128, Arch> {  // 230 registers, 70 KiB: 2 CTAs (32 keys, Q in shared memory: 3)
+struct ForwardChoice<128, Arch> {  // 226-231 registers, 71 KiB: 2 CTAs (32 keys, Q in shared memory: 3)
   // The occupancy rule chose 32 keys at 3 CTAs; on an H200 64 keys at 2 CTAs ran 13-16% faster
   // (189-200 against 154-176 TFLOP/s, bf16, L 4K and 16K), as each block's fixed costs (two
   // barriers, the rescaling of O, the row maxima and sums) are spread over twice the keys.

@@ -1,7 +1,10 @@
 #include "runtime/api/arguments.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include "kernels/cpu/attention_cpu.hpp"
 #if defined(RINGATTN_WITH_CUDA)
@@ -56,6 +59,14 @@ ArgumentError check_local(const Shard& s, const AttentionSpec& spec, bool cuda) 
     if (n < 0) return bad("doc_lens", "document lengths must not be negative (" + std::to_string(n) + ")");
   if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0)
     return bad("softmax_scale", "must be a finite positive number (or 0 for 1/sqrt(head_dim))");
+  // The kernels scale in fp32; a scale that is 0 or infinite there would turn masked (-inf)
+  // scores into NaN.
+  if (spec.softmax_scale > 0 && (spec.softmax_scale < double(std::numeric_limits<float>::min()) ||
+                                 spec.softmax_scale > double(std::numeric_limits<float>::max()))) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", spec.softmax_scale);
+    return bad("softmax_scale", std::string("must lie within fp32's normal range, 1.2e-38 to 3.4e+38 (got ") + got + ")");
+  }
   if (spec.layout != SequenceLayout::automatic && spec.layout != SequenceLayout::contiguous &&
       spec.layout != SequenceLayout::zigzag && spec.layout != SequenceLayout::striped)
     return bad("layout", "expected contiguous, zigzag or striped");

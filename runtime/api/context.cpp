@@ -306,6 +306,7 @@ Plan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spec, const 
 }
 
 void Context::check(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error) {
+  impl_->backend->use_from_this_thread();
   impl_->agree(shard, spec, local_error);
 }
 
@@ -328,6 +329,7 @@ RingStats Context::forward(const Shard& shard, const AttentionSpec& spec, const 
                            float* o, float* lse) {
   const char* missing = !q ? "q" : !k ? "k" : !v ? "v" : !o ? "o" : !lse ? "lse" : nullptr;
   const ArgumentError null_pointer(missing ? missing : "", std::string(missing ? missing : "") + ": null pointer");
+  impl_->backend->use_from_this_thread();  // this call's thread may not be the last one's
   Plan& plan = impl_->agree(shard, spec, missing ? &null_pointer : nullptr);
   return impl_->run(plan, [&](UlyssesAttention& ring) { return ring.forward(q, k, v, o, lse); });
 }
@@ -342,6 +344,7 @@ RingStats Context::backward(const Shard& shard, const AttentionSpec& spec, const
                         : !dout ? "dout"
                                 : nullptr;
   const ArgumentError null_pointer(missing ? missing : "", std::string(missing ? missing : "") + ": null pointer");
+  impl_->backend->use_from_this_thread();  // this call's thread may not be the last one's
   Plan& plan = impl_->agree(shard, spec, missing ? &null_pointer : nullptr);
   return impl_->run(plan, [&](UlyssesAttention& ring) { return ring.backward(q, k, v, o, lse, dout, dq, dk, dv); });
 }

@@ -46,6 +46,7 @@ messages = [
     expect(ValueError, "layout", lambda bad: good, layout="diagonal"),
     expect(ValueError, "mask", lambda bad: good, causal=True),                      # masks differ by rank
     expect(ValueError, "softmax_scale", lambda bad: good, softmax_scale=-1.0),
+    expect(ValueError, "softmax_scale", lambda bad: good, softmax_scale=1e-50),    # 0 in fp32
     expect(ValueError, "block_mask", lambda bad: good, block_mask=torch.ones(3)),
 ]
 # Documents that do not sum to L: the same mistake on every rank.
