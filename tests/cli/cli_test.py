@@ -384,6 +384,7 @@ def bad_input_cases(w):
         ("zero timeout", small + ["--timeout", "0"], None, ["--timeout"]),
         ("NaN timeout", small + ["--timeout", "nan"], None, ["--timeout"]),
         ("negative scale", small + ["--scale", "-1"], None, ["--scale"]),
+        ("scale 0 in fp32", small + ["--scale", "1e-50"], None, ["--scale"]),
         ("NaN bandwidth", small + ["--emulate-bandwidth", "nan"], None, ["--emulate-bandwidth"]),
         ("zero check rows", small + ["--check", "--check-rows", "0"], None, ["--check-rows 0"]),
         ("check-finite contradiction", files + ["--check-finite", "--no-check-finite"], None, ["contradict"]),
