@@ -6,7 +6,7 @@
 #      their tests and the GPU benchmark (-DRINGATTN_GPU_CHECK_ONLY=ON); builds for this GPU only;
 #   2. the kernel tests (ctest label cuda, without the CPU emulation's copies);
 #   3. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
-#      (host-staged transfers) with --check, and one rank of the LoRA layer on it (cuBLAS bf16
+#      (host-staged transfers) with --check, one rank on --comm nccl, and one rank of the LoRA layer on it (cuBLAS bf16
 #      GEMMs, its RoPE and bias kernels, NCCL's reduce-scatter) checked against the CPU backend,
 #      when MPI is there (otherwise skipped, said so); and the Python module on CUDA tensors
 #      (forward and backward at P = 1 against fp64, on torch's current stream;
@@ -205,6 +205,10 @@ if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
     --json "$logs/ring_np1.json" || status=1
   step ring_np2 60 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" \
     --json "$logs/ring_np2.json" || status=1
+  # The attention job on the NCCL communicator: one rank (NCCL allows one rank per GPU), so no
+  # transfer, but its non-blocking init, stream ordering and teardown on a real device.
+  step ring_nccl_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]/mpi/nccl}" \
+    --json "$logs/ring_nccl_np1.json" || status=1
   step ring_tests 90 ctest --test-dir "$build" -R '^cuda_mpi_np[12]$' --output-on-failure --timeout 85 || status=1
   # The LoRA layer (L 2048, d_model 512, 8 heads, 2 KV heads, r 16, biases, RoPE, bf16) forward and
   # backward on this GPU, --check'ed against the CPU backend in fp32; inputs written by the
