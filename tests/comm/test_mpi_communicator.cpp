@@ -152,10 +152,22 @@ TEST_F(MpiTest, ProgressAdvancesLargeTransfersDuringABusyLoop) {
   EXPECT_TRUE(in == payload(bytes, previous_rank(*comm), 1));
 }
 
+// The fastest of `batches` batches of `calls` progress() calls, in seconds per call: a rank that
+// an oversubscribed machine deschedules for a while slows some batches, not all of them, so the
+// fastest batch measures progress() itself (a slow progress() slows every batch).
+double fastest_progress_call(MpiCommunicator& comm, int batches, int calls) {
+  double best = 1e30;
+  for (int b = 0; b < batches; ++b) {
+    const Stopwatch watch;
+    for (int i = 0; i < calls; ++i) comm.progress();
+    best = std::min(best, watch.seconds() / calls);
+  }
+  return best;
+}
+
 TEST_F(MpiTest, ProgressIsCheapWhenNothingIsOutstanding) {
-  const Stopwatch watch;
-  for (int i = 0; i < 1000000; ++i) comm->progress();
-  EXPECT_LT(watch.seconds(), 1.0) << "more than 1 us per progress() call (typically 0.2 us; slack for busy machines)";
+  EXPECT_LT(fastest_progress_call(*comm, 10, 100000), 1e-6)
+      << "seconds per progress() call (typically 0.2 us; slack for busy machines)";
 }
 
 // With a transfer outstanding, progress() is one pass of MPI's progress engine: a microsecond or
@@ -163,11 +175,8 @@ TEST_F(MpiTest, ProgressIsCheapWhenNothingIsOutstanding) {
 TEST_F(MpiTest, ProgressIsCheapWithATransferOutstanding) {
   uint8_t byte = 0;
   Request recv = comm->irecv(&byte, 1, previous_rank(*comm), 10);
-  const int calls = 20000;
-  const Stopwatch watch;
-  for (int i = 0; i < calls; ++i) comm->progress();
-  const double per_call = watch.seconds() / calls;
-  EXPECT_LT(per_call, 50e-6) << "seconds per progress() call (typically 1 us; slack for oversubscribed ranks)";
+  EXPECT_LT(fastest_progress_call(*comm, 10, 2000), 50e-6)
+      << "seconds per progress() call (typically 1 us; slack for oversubscribed ranks)";
   comm->barrier();  // every receive is posted and polled before the sends
   Request send = comm->isend(&byte, 1, next_rank(*comm), 10);
   comm->wait(recv, "progress cost");
