@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <string_view>
 #include <tuple>
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/options_util.hpp"
+#include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/ulysses_attention.hpp"
 
@@ -203,10 +203,8 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
   check_execution_options(o);
   if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   if (!(o.scale >= 0) || !std::isfinite(o.scale)) throw UsageError("--scale must be a positive number (or 0 for 1/sqrt(D))");
-  // The kernels scale in fp32, where 0 would turn masked (-inf) scores into NaN.
-  if (o.scale > 0 && (o.scale < double(std::numeric_limits<float>::min()) ||
-                      o.scale > double(std::numeric_limits<float>::max())))
-    throw UsageError("--scale must lie within fp32's normal range, 1.2e-38 to 3.4e+38");
+  if (o.scale > 0 && !api::scale_fits_fp32(o.scale))
+    throw UsageError(std::string("--scale must lie within ") + api::kScaleRange);
   if (!(o.emulate_intra_bandwidth >= 0) || !std::isfinite(o.emulate_intra_bandwidth))
     throw UsageError("--emulate-intra-bandwidth must be a positive number of GB/s (0 = off)");
   if (!(o.emulate_intra_latency >= 0) || !std::isfinite(o.emulate_intra_latency))

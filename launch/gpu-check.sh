@@ -6,7 +6,8 @@
 #      their tests and the GPU benchmark (-DRINGATTN_GPU_CHECK_ONLY=ON); builds for this GPU only;
 #   2. the kernel tests (ctest label cuda, without the CPU emulation's copies);
 #   3. the CUDA backend and the ring on this GPU: 1 and 2 ranks of `ringattn --backend cuda`
-#      (host-staged transfers) with --check, one rank on --comm nccl, and one rank of the LoRA layer on it (cuBLAS bf16
+#      (host-staged transfers) with --check, one rank on --comm nccl, and one rank of the LoRA
+#      layer on it (cuBLAS bf16
 #      GEMMs, its RoPE and bias kernels, NCCL's reduce-scatter) checked against the CPU backend,
 #      when MPI is there (otherwise skipped, said so); and the Python module on CUDA tensors
 #      (forward and backward at P = 1 against fp64, on torch's current stream;
@@ -66,12 +67,18 @@ if ! command -v nvcc >/dev/null 2>&1; then
 fi
 nvcc_path=$(command -v nvcc || true)
 [ -n "$nvcc_path" ] && export CUDACXX="$nvcc_path"
-sanitizer=$(command -v compute-sanitizer || true)
-if [ -z "$sanitizer" ] && [ -n "$nvcc_path" ]; then
-  for c in "$(dirname "$nvcc_path")/compute-sanitizer" "$(dirname "$nvcc_path")/../compute-sanitizer/compute-sanitizer"; do
-    [ -x "$c" ] && { sanitizer=$c; break; }
+# A toolkit program (compute-sanitizer, ncu): from PATH, else beside nvcc or in its own folder of
+# the toolkit; prints nothing when there is none.
+toolkit_tool() {
+  command -v "$1" 2>/dev/null && return
+  [ -n "$nvcc_path" ] || return 0
+  local c
+  for c in "$(dirname "$nvcc_path")/$1" "$(dirname "$nvcc_path")/../$1/$1"; do
+    [ -x "$c" ] && { echo "$c"; return; }
   done
-fi
+  return 0
+}
+sanitizer=$(toolkit_tool compute-sanitizer)
 arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')}
 arch=${arch:-90}
 lengths=4096,8192,16384,32768
@@ -268,8 +275,7 @@ step sass 30 launch/sass-report.sh --arch "$arch" --json "$logs/sass.json" \
 # 7. Where the kernels' time goes: Nsight Compute on one forward and one backward tensor-core
 # kernel (D = 128, L 16K, not causal), the sections that work without PC sampling; informative,
 # never a failure. The clocks are left alone (--clock-control none), as for the timings above.
-ncu_path=$(command -v ncu || true)
-[ -z "$ncu_path" ] && [ -n "$nvcc_path" ] && [ -x "$(dirname "$nvcc_path")/ncu" ] && ncu_path=$(dirname "$nvcc_path")/ncu
+ncu_path=$(toolkit_tool ncu)
 if [ -n "$ncu_path" ]; then
   step ncu 90 "$ncu_path" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \

@@ -14,8 +14,8 @@
 // next call, as PyTorch's caching allocators keep device memory: a ring step's calls ask for the
 // same sizes, and reuse costs neither faults nor compaction. The cache never raises the peak:
 // a call that finds no cached region of its size (up to a quarter larger) first unmaps every
-// cached region it has not taken, so a process holds at most what its largest call used. `release_cached_workspace` hands
-// the cache back to the system.
+// cached region it has not taken, so a process holds at most what its largest call used.
+// `release_cached_workspace` hands the cache back to the system.
 #pragma once
 
 #include <cstddef>

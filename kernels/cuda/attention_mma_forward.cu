@@ -161,7 +161,7 @@ __device__ __forceinline__ void forward_tile(const AttentionParams& p) {
 
     // Keys past the block's end, and hidden keys of partial blocks, at -inf; full blocks (the
     // most) skip the per-element tests (a uniform branch). Scores stay unscaled: the scale (> 0,
-    // checked at the API) is applied to the row maximum and fused into the exponent below.
+    // checked at the API) is applied to the row maximum and to each score in the exponent below.
     if (kind == TileKind::partial || kspan.count < kKeys) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)

@@ -28,6 +28,10 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
   return h;
 }
 
+bool scale_fits_fp32(double scale) {
+  return scale >= double(std::numeric_limits<float>::min()) && scale <= double(std::numeric_limits<float>::max());
+}
+
 ArgumentError check_local(const Shard& s, const AttentionSpec& spec, bool cuda) {
   if (s.batch < 1) return bad("q", "batch " + std::to_string(s.batch) + " must be positive");
   if (s.rows < 1) return bad("q", "this rank's rows (" + std::to_string(s.rows) + ") must be positive");
@@ -59,13 +63,10 @@ ArgumentError check_local(const Shard& s, const AttentionSpec& spec, bool cuda) 
     if (n < 0) return bad("doc_lens", "document lengths must not be negative (" + std::to_string(n) + ")");
   if (!std::isfinite(spec.softmax_scale) || spec.softmax_scale < 0)
     return bad("softmax_scale", "must be a finite positive number (or 0 for 1/sqrt(head_dim))");
-  // The kernels scale in fp32; a scale that is 0 or infinite there would turn masked (-inf)
-  // scores into NaN.
-  if (spec.softmax_scale > 0 && (spec.softmax_scale < double(std::numeric_limits<float>::min()) ||
-                                 spec.softmax_scale > double(std::numeric_limits<float>::max()))) {
+  if (spec.softmax_scale > 0 && !scale_fits_fp32(spec.softmax_scale)) {
     char got[32];
     std::snprintf(got, sizeof got, "%g", spec.softmax_scale);
-    return bad("softmax_scale", std::string("must lie within fp32's normal range, 1.2e-38 to 3.4e+38 (got ") + got + ")");
+    return bad("softmax_scale", std::string("must lie within ") + kScaleRange + " (got " + got + ")");
   }
   if (spec.layout != SequenceLayout::automatic && spec.layout != SequenceLayout::contiguous &&
       spec.layout != SequenceLayout::zigzag && spec.layout != SequenceLayout::striped)

@@ -18,6 +18,10 @@ namespace ringattn::api {
 ArgumentError check_local(const Shard& shard, const AttentionSpec& spec, bool cuda);
 // The problems that need the sequence length (documents, block mask): the same on every rank.
 ArgumentError check_with_length(const AttentionSpec& spec, int64_t seq_len);
+// Whether a positive softmax scale survives the kernels' fp32: within its normal range (kScaleRange).
+// A scale that became 0 or infinite there would turn masked (-inf) scores into NaN.
+bool scale_fits_fp32(double scale);
+inline constexpr const char* kScaleRange = "fp32's normal range, 1.2e-38 to 3.4e+38";
 
 LayoutKind layout_kind(const AttentionSpec& spec);
 Mask build_mask(const AttentionSpec& spec, int64_t seq_len);

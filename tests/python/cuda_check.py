@@ -27,7 +27,8 @@ def run_case(name, L, H, Hkv, D, dtype, causal):
     visible = dense_mask(L, causal)
 
     def grads(dt, device):
-        xs = [x.detach().to(device, dt).requires_grad_() for x in (q, k, v)]  # fresh leaves: .to() of the fp64 CPU tensors is the tensor itself
+        # fresh leaves: .to() of the fp64 CPU tensors returns the tensor itself
+        xs = [x.detach().to(device, dt).requires_grad_() for x in (q, k, v)]
         o = attention(*xs, visible.to(device))
         o.backward(dout.to(device, dt))
         return [t.detach().cpu().double() for t in [o] + [x.grad for x in xs]]
