@@ -41,10 +41,9 @@ inline void for_row_groups(int n, Fn&& fn) {
   }
 }
 
-// ST[j][:] = sum_d X[j][d] * Yt[d][:] for the RR rows of X starting at x (row stride xs).
+// acc[r][:] = sum_d X[r][d] * Yt[d][:] for the RR rows of X starting at x (row stride xs).
 template <int RR>
-inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs, float* st, V* lane_max) {
-  V acc[RR][NV];
+inline void row_products(const float* yt, int D, const float* x, int64_t xs, V (&acc)[RR][NV]) {
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
@@ -63,24 +62,96 @@ inline void rows_times_lanes(const float* yt, int D, const float* x, int64_t xs,
       for (int v = 0; v < NV; ++v) acc[r][v] = Isa::fmadd(b, y[v], acc[r][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < RR; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) Isa::store(st + r * BR + v * W, acc[r][v]);
-  if (lane_max) {
+}
+
+// ST[j][:] for the n rows of X (scores S^T = K Qt, or dP^T = V dOt), passed through an
+// elementwise epilogue fn(j, v, vector v of row j) while they are still in registers: a separate
+// pass over the block would load, store and wait on every vector once more.
+template <class Fn>
+inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st, Fn&& fn) {
+  for_row_groups(n, [&](auto rows, int j) {
+    constexpr int RR = decltype(rows)::value;
+    V acc[RR][NV];
+    row_products<RR>(yt, D, x + j * xs, xs, acc);
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) lane_max[v] = Isa::max(lane_max[v], acc[r][v]);
-  }
+      for (int v = 0; v < NV; ++v) Isa::store(st + (j + r) * BR + v * W, fn(j + r, v, acc[r][v]));
+  });
 }
 
-// ST[j][:] for the n rows of X (scores S^T = K Qt, or dP^T = V dOt). With lane_max, also folds
-// each lane's largest score into it while the scores are still in registers (the online
-// softmax's new running max, for blocks without an element mask).
-inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st, V* lane_max = nullptr) {
+inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st) {
+  scores(yt, D, x, xs, n, st, [](int, int, V s) { return s; });
+}
+
+// The online softmax of a key block without an element mask, folded into the score product:
+// each group of key rows is exponentiated while its scores are still in registers, which saves
+// the separate pass over the block's scores (a load, store and dependent sum per vector: 5% of
+// a D = 64 forward call). The price is that the block's maximum is not known in advance, so the
+// running max m moves lazily, as FlashAttention-4 does: only when a group's scores exceed it by
+// more than kMaxSlack (log2 units). Until then p = 2^(s - m) <= 2^kMaxSlack, which fp32 holds
+// as exactly as p <= 1, and O and l share the reference point m, so the result is the same
+// softmax. A move rescales l, the block's partial sum, the p rows already stored and O's
+// pending factor; after the first group of a tile moves are rare.
+constexpr float kMaxSlack = 8.0f;
+
+struct OnlineSoftmax {
+  V m[NV];       // running max (log2 units; -inf before any key)
+  V l[NV];       // running sum of p against m
+  V lsum[NV];    // this block's sum of p
+  V alpha[NV];   // rescale the running O owes for the moves of m within this block
+  bool moved;    // m moved within this block (else O needs no rescale)
+
+  void start_block() {
+    for (int v = 0; v < NV; ++v) {
+      lsum[v] = Isa::zero();
+      alpha[v] = Isa::set1(1.0f);
+    }
+    moved = false;
+  }
+  // m <- max(m, gmax) for every lane; the `rows` p rows of the block already stored at st
+  // follow, as do l, lsum and O's factor.
+  __attribute__((noinline)) void move_max(const V* gmax, float* st, int rows) {
+    V a[NV];
+    for (int v = 0; v < NV; ++v) {
+      const V mnew = Isa::max(m[v], gmax[v]);
+      a[v] = Isa::exp2(Isa::sub(m[v], mnew));  // 0 while m = -inf
+      m[v] = mnew;
+      l[v] = Isa::mul(l[v], a[v]);
+      lsum[v] = Isa::mul(lsum[v], a[v]);
+      alpha[v] = Isa::mul(alpha[v], a[v]);
+    }
+    for (int j = 0; j < rows; ++j)
+      for (int v = 0; v < NV; ++v) Isa::store(st + j * BR + v * W, Isa::mul(Isa::load(st + j * BR + v * W), a[v]));
+    moved = true;
+  }
+};
+
+// PT[j][:] = 2^(S^T[j][:] - m) for the n key rows of X, m moved as needed (see OnlineSoftmax).
+inline void softmax_scores(const float* yt, int D, const float* x, int64_t xs, int n, float* st, OnlineSoftmax& sm) {
+  const V slack = Isa::set1(kMaxSlack);
   for_row_groups(n, [&](auto rows, int j) {
-    rows_times_lanes<decltype(rows)::value>(yt, D, x + j * xs, xs, st + j * BR, lane_max);
+    constexpr int RR = decltype(rows)::value;
+    V acc[RR][NV];
+    row_products<RR>(yt, D, x + j * xs, xs, acc);
+    V gmax[NV];
+    bool move = false;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      gmax[v] = acc[0][v];
+#pragma GCC unroll 8
+      for (int r = 1; r < RR; ++r) gmax[v] = Isa::max(gmax[v], acc[r][v]);
+      move |= Isa::any_greater(gmax[v], Isa::add(sm.m[v], slack));
+    }
+    if (move) sm.move_max(gmax, st, j);
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V p = Isa::exp2(Isa::sub(acc[r][v], sm.m[v]));
+        Isa::store(st + (j + r) * BR + v * W, p);
+        sm.lsum[v] = Isa::add(sm.lsum[v], p);
+      }
   });
 }
 
@@ -290,7 +361,9 @@ void forward_tile(const ForwardTileArgs& a) {
     l_lane[i] = has_state(i) ? 1.0f : 0.0f;
   }
   rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
-  V m[NV], l[NV];
+  OnlineSoftmax sm;
+  V* m = sm.m;
+  V* l = sm.l;
   for (int v = 0; v < NV; ++v) {
     m[v] = Isa::load(m_lane + v * W);
     l[v] = Isa::load(l_lane + v * W);
@@ -300,20 +373,31 @@ void forward_tile(const ForwardTileArgs& a) {
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
     const int nk = blk.count;
+    const float* vt = a.vt + int64_t(blk.index) * D * BC;
+    if (blk.kind != TileKind::partial && !a.qt_pairs) {
+      // No element mask: the softmax runs in the score product's registers.
+      sm.start_block();
+      softmax_scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st, sm);
+      for (int v = 0; v < NV; ++v) l[v] = Isa::add(l[v], sm.lsum[v]);
+      if (sm.moved)
+        accumulate_lanes<true>(ot, D, st, nk, vt, 1, BC, sm.alpha);
+      else
+        accumulate_lanes<false>(ot, D, st, nk, vt, 1, BC, nullptr);
+      continue;
+    }
+    // Boundary blocks (and bf16 pairs): scores, mask, then the block's maximum first.
     V mnew[NV], msafe[NV], alpha[NV], lsum[NV];
     for (int v = 0; v < NV; ++v) mnew[v] = m[v];
-    const bool full = blk.kind != TileKind::partial;
     if (a.qt_pairs)
       scores_bf16(a.qt_pairs, D, a.k16 + blk.row0 * a.kv_stride, a.kv_stride, nk, a.score_scale, st);
     else
-      scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st, full ? mnew : nullptr);
-    if (!full) {
+      scores(a.qt, D, a.k + blk.row0 * a.kv_stride, a.kv_stride, nk, st);
+    if (blk.kind == TileKind::partial) {
       apply_element_mask(st, nk, blk.row0, a.nq, a.mask.lo, a.mask.hi, a.mask.brow, a.mask.k_pos,
                          a.mask.block_mask, a.mask.block_count, a.mask.mask_block);
     }
-    if (!full || a.qt_pairs)
-      for (int j = 0; j < nk; ++j)
-        for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
+    for (int j = 0; j < nk; ++j)
+      for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
     for (int v = 0; v < NV; ++v) {
       // A lane that has seen only masked keys keeps m = -inf; subtracting a finite stand-in
       // keeps exp2(-inf - m) at 0 instead of NaN.
@@ -332,7 +416,7 @@ void forward_tile(const ForwardTileArgs& a) {
       l[v] = Isa::fmadd(l[v], alpha[v], lsum[v]);
       m[v] = mnew[v];
     }
-    accumulate_lanes<true>(ot, D, st, nk, a.vt + int64_t(blk.index) * D * BC, 1, BC, alpha);
+    accumulate_lanes<true>(ot, D, st, nk, vt, 1, BC, alpha);
   }
 
   for (int v = 0; v < NV; ++v) {
@@ -372,33 +456,34 @@ void backward_block(const BackwardBlockArgs& a) {
     return;
   }
   // K^T of the block [D][BCB], once for all its tiles: dQ += dS K broadcasts then walk one head
-  // dim's keys contiguously (as O += P V does in the forward).
-  float* kt = dpt + BCB * BR;
+  // dim's keys contiguously (as O += P V does in the forward). It takes dP^T's place: the fp32
+  // path forms dS^T in dP^T's epilogue and never stores dP^T.
+  float* kt = dpt;
   rows_to_lanes(a.k, a.kv_stride, D, 1.0f, [nk](int j) { return j < nk; }, kt, BCB);
   const V scale = Isa::set1(a.scale);
   for (int t = 0; t < a.num_tiles; ++t) {
     const BackwardTileRef& tile = a.tiles[t];
-    scores(tile.qt, D, a.k, a.kv_stride, nk, st);
-    if (tile.kind == TileKind::partial) {
-      apply_element_mask(st, nk, 0, tile.nq, tile.lane_lo, tile.lane_hi, tile.lane_brow, a.k_pos, a.block_mask,
-                         a.block_count, a.mask_block);
-    }
     V lse2[NV], delta[NV];
     for (int v = 0; v < NV; ++v) {
       lse2[v] = Isa::load(tile.lse2 + v * W);
       delta[v] = Isa::load(tile.delta + v * W);
     }
-    for (int j = 0; j < nk; ++j)
-      for (int v = 0; v < NV; ++v)
-        Isa::store(st + j * BR + v * W, Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), lse2[v])));
-    scores(tile.dot, D, a.v, a.kv_stride, nk, dpt);
+    // P^T = 2^(S^T - LSE): in the score product's epilogue, after the mask on boundary tiles.
+    if (tile.kind == TileKind::partial) {
+      scores(tile.qt, D, a.k, a.kv_stride, nk, st);
+      apply_element_mask(st, nk, 0, tile.nq, tile.lane_lo, tile.lane_hi, tile.lane_brow, a.k_pos, a.block_mask,
+                         a.block_count, a.mask_block);
+      for (int j = 0; j < nk; ++j)
+        for (int v = 0; v < NV; ++v)
+          Isa::store(st + j * BR + v * W, Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), lse2[v])));
+    } else {
+      scores(tile.qt, D, a.k, a.kv_stride, nk, st, [&](int, int v, V s) { return Isa::exp2(Isa::sub(s, lse2[v])); });
+    }
     accumulate_grad(a.dv, a.dkv_stride, st, nk, tile.dout, tile.dout_stride, tile.nq, D);
-    for (int j = 0; j < nk; ++j)
-      for (int v = 0; v < NV; ++v) {
-        V p = Isa::load(st + j * BR + v * W);
-        V dp = Isa::load(dpt + j * BR + v * W);
-        Isa::store(st + j * BR + v * W, Isa::mul(Isa::mul(p, Isa::sub(dp, delta[v])), scale));
-      }
+    // dS^T = P^T * (dP^T - delta) * scale, in the epilogue of dP^T = V dOt, over P^T in place.
+    scores(tile.dot, D, a.v, a.kv_stride, nk, st, [&](int j, int v, V dp) {
+      return Isa::mul(Isa::mul(Isa::load(st + j * BR + v * W), Isa::sub(dp, delta[v])), scale);
+    });
     accumulate_grad(a.dk, a.dkv_stride, st, nk, tile.q, tile.q_stride, tile.nq, D);
     accumulate_lanes<false>(tile.dqt, D, st, nk, kt, 1, BCB, nullptr);
   }

@@ -70,6 +70,7 @@ struct Isa {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static bool any_greater(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
   // r[k][j] <- r[j][k]: a 16 x 16 block transposed in registers (packing tiles between rows and
   // lanes). Unpacks interleave pairs of rows, then 64-bit pairs, then 128-bit quarters twice.
   static void transpose(V (&r)[W]) {
@@ -140,6 +141,7 @@ struct Isa {
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static bool any_greater(V a, V b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
   // r[k][j] <- r[j][k]: an 8 x 8 block transposed in registers.
   static void transpose(V (&r)[W]) {
     V t[W], u[W];
@@ -203,6 +205,7 @@ struct Isa {
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }
   static V max(V a, V b) { return a > b ? a : b; }
+  static bool any_greater(V a, V b) { return a > b; }
   static void transpose(V (&)[W]) {}  // a 1 x 1 block
   static V exp2(V x) { return (x == -INFINITY || x != x) ? 0.0f : std::exp2(x); }
 };

@@ -249,6 +249,28 @@ TEST(AttentionCpu, HugeScoresStayFinite) {
   check_problem(p, DType::f32, 2, kHugeScoreFactor);
 }
 
+// Scores that climb steeply along the keys move the forward's lazily kept running max (see
+// OnlineSoftmax in attention_tiles.inl) in almost every group of key rows, so the p rows a block
+// already holds are rescaled; then they fall (no moves, p underflows to 0), then jump by ~700 in
+// log2 units (a move that must come before any exponential, or p would overflow).
+TEST(AttentionCpu, RunningMaxMovesWithinAndAcrossBlocks) {
+  for (bool causal : {false, true}) {
+    Problem p = basic(300, 64, 2, 1);
+    p.mask.causal = causal;
+    const int64_t D = p.dims.head_dim, H = p.dims.heads;
+    auto key_height = [](int64_t j) -> float {
+      if (j < 120) return 4.0f * float(j);
+      if (j < 205) return 480.0f - 3.0f * float(j - 120);
+      if (j < 230) return 2480.0f + float(j % 7);
+      return 0.0f;
+    };
+    for (int64_t i = 0; i < p.rows_q(); ++i)
+      for (int64_t h = 0; h < H; ++h) p.q[size_t((i * H + h) * D)] = 2.0f;
+    for (int64_t j = 0; j < p.rows_k(); ++j) p.k[size_t(j * D)] += key_height(j);
+    check_problem(p, DType::f32, 2, kHugeScoreFactor);
+  }
+}
+
 TEST(AttentionCpu, Bf16StorageFp32Accumulation) {
   Problem p = basic(170, 64, 4, 2);
   p.mask.causal = true;
