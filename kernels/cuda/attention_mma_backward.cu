@@ -184,7 +184,10 @@ __device__ __forceinline__ void backward_tile(const AttentionParams& p) {
         const bool ok = tile.kind == TileKind::partial
                             ? ((visible_words[kWords * col + word] >> (key & 31)) & 1u) != 0
                             : key < kspan.count && col < tile.span.count;
-        const float pr = ok ? exp2_approx(st[nt][e] * scale_log2 - lse2[col]) : 0.0f;
+        // The scaled score rounded before the subtraction, as the forward rounds it (see there):
+        // P is then recomputed from the same rounded exponent that produced O and LSE, where an
+        // FFMA would differ by 2^(rounding error of the product), ~4e-4 at scores of 1e4.
+        const float pr = ok ? exp2_approx(__fmul_rn(st[nt][e], scale_log2) - lse2[col]) : 0.0f;
         st[nt][e] = pr;
         dpt[nt][e] = pr * (dpt[nt][e] - dlt[col]);
       }
