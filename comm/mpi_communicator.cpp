@@ -157,6 +157,28 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Comm_free(&comm_);
 }
 
+// Every public call that reaches MPI holds one for its duration. The count is taken before the
+// thread check, so of two threads arriving at once at least one sees the other (a hand-over
+// never happens while a call is in progress). A nested call of the owning thread passes.
+class MpiCommunicator::Entry {
+ public:
+  Entry(const MpiCommunicator& c, const char* call) : c_(c) {
+    const bool another = c_.inside_.fetch_add(1, std::memory_order_acq_rel) > 0;
+    try {
+      c_.check_thread(call, another);
+    } catch (...) {
+      c_.inside_.fetch_sub(1, std::memory_order_acq_rel);
+      throw;
+    }
+  }
+  ~Entry() { c_.inside_.fetch_sub(1, std::memory_order_acq_rel); }
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+
+ private:
+  const MpiCommunicator& c_;
+};
+
 // ---- point to point ----
 
 Request MpiCommunicator::isend(const void* buf, size_t bytes, int peer, int tag) {
@@ -168,7 +190,7 @@ Request MpiCommunicator::irecv(void* buf, size_t bytes, int peer, int tag) { ret
 
 Request MpiCommunicator::post(void* buf, size_t bytes, int peer, int tag, bool is_send) {
   const char* call = is_send ? "isend" : "irecv";
-  check_thread(call);
+  const Entry entry(*this, call);
   if (peer < 0 || peer >= size_)
     throw CommError(prefix() + call + " with rank " + std::to_string(peer) + ", which is not in this communicator of " +
                     std::to_string(size_) + " ranks");
@@ -251,7 +273,7 @@ bool MpiCommunicator::mpi_test(Transfer& t) {
 
 bool MpiCommunicator::test(Request& r) {
   if (!r.valid()) return true;
-  check_thread("test");
+  const Entry entry(*this, "test");
   auto it = find(r, "test");
   Transfer& t = it->second;
   bool done = false;
@@ -267,7 +289,7 @@ bool MpiCommunicator::test(Request& r) {
 
 void MpiCommunicator::wait(Request& r, const std::string& what) {
   if (!r.valid()) return;
-  check_thread("wait");
+  const Entry entry(*this, "wait");
   auto it = find(r, "wait");
   Transfer& t = it->second;
   const Stopwatch blocked;
@@ -291,7 +313,15 @@ void MpiCommunicator::wait(Request& r, const std::string& what) {
 }
 
 void MpiCommunicator::progress() {
-  if (std::this_thread::get_id() != owner_.load(std::memory_order_relaxed) || transfers_.empty()) return;
+  if (std::this_thread::get_id() != owner_.load(std::memory_order_relaxed)) return;
+  // Counted as a call while it may touch MPI, so that no other thread takes over meanwhile;
+  // inside another call (or while another thread is taking over) it leaves the polling to that.
+  const bool busy = inside_.fetch_add(1, std::memory_order_acq_rel) > 0;
+  struct Leave {
+    std::atomic<int>& inside;
+    ~Leave() { inside.fetch_sub(1, std::memory_order_acq_rel); }
+  } leave{inside_};
+  if (busy || transfers_.empty()) return;
   for (auto& [id, t] : transfers_)
     if (!t.mpi_done && t.error.empty()) {
       try {
@@ -381,7 +411,7 @@ std::string MpiCommunicator::roll_call_report() {
 }
 
 void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
-  check_thread("allreduce");
+  const Entry entry(*this, "allreduce");
   MPI_Request req;
   check(MPI_Iallreduce(MPI_IN_PLACE, buf, int_count(count, "allreduce"), mpi_type(type), mpi_op(op), comm_, &req),
         "MPI_Iallreduce");
@@ -389,14 +419,14 @@ void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
-  check_thread("broadcast");
+  const Entry entry(*this, "broadcast");
   MPI_Request req;
   check(MPI_Ibcast(buf, int_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
   finish_collective(req, "broadcast (" + std::to_string(bytes) + " bytes from " + describe(root) + ")");
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes_per_rank) {
-  check_thread("allgather");
+  const Entry entry(*this, "allgather");
   const int n = int_count(bytes_per_rank, "allgather");
   // This rank's block already in place: MPI forbids overlapping buffers and wants MPI_IN_PLACE.
   const void* mine = send == static_cast<char*>(recv) + size_t(rank_) * bytes_per_rank ? MPI_IN_PLACE : send;
@@ -406,7 +436,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes_per_r
 }
 
 void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) {
-  check_thread("allgatherv");
+  const Entry entry(*this, "allgatherv");
   check_per_rank(recv_bytes.size(), "allgatherv");
   // Members, not locals: MPI may read them until the operation completes, which after a
   // timeout is after this call has returned.
@@ -428,7 +458,7 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
                                      ReduceOp op) {
-  check_thread("reduce_scatter");
+  const Entry entry(*this, "reduce_scatter");
   check_per_rank(counts.size(), "reduce_scatter");
   counts_.resize(size_);  // a member for the reason given in allgatherv
   for (int r = 0; r < size_; ++r) counts_[r] = int_count(counts[r], "reduce_scatter");
@@ -439,7 +469,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<con
 
 void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
                                 std::span<const size_t> recv_bytes) {
-  check_thread("alltoallv");
+  const Entry entry(*this, "alltoallv");
   check_per_rank(send_bytes.size(), "alltoallv");
   check_per_rank(recv_bytes.size(), "alltoallv");
   size_t send_total = 0, recv_total = 0;
@@ -471,7 +501,7 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_b
 }
 
 void MpiCommunicator::barrier() {
-  check_thread("barrier");
+  const Entry entry(*this, "barrier");
   bounded_barrier("barrier");
 }
 
@@ -487,7 +517,7 @@ void MpiCommunicator::abort(int exit_code) {
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
-  check_thread("split");
+  const Entry entry(*this, "split");
   // MPI_Comm_split blocks without a bound; enter it only once every rank has arrived.
   bounded_barrier("split (the barrier before MPI_Comm_split)");
   MPI_Comm sub = MPI_COMM_NULL;
@@ -497,7 +527,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
 }
 
 std::vector<int> MpiCommunicator::node_of_ranks() {
-  check_thread("node_of_ranks");
+  const Entry entry(*this, "node_of_ranks");
   bounded_barrier("node_of_ranks (the barrier before MPI_Comm_split_type)");
   MPI_Comm node = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
@@ -531,11 +561,15 @@ void MpiCommunicator::check(int mpi_error_code, const char* call) const {
 // MPI_THREAD_FUNNELED: only the creating thread calls MPI. MPI_THREAD_SERIALIZED or more: another
 // thread may take over while nothing is outstanding (PyTorch runs the backward of CUDA tensors on
 // its autograd device thread, not the one that ran the forward); it then owns the communicator,
-// its progress() polls, until the next hand-over. A call from a second thread while transfers of
-// the first are outstanding would overlap MPI calls, which SERIALIZED forbids: an error.
-void MpiCommunicator::check_thread(const char* call) const {
+// its progress() polls, until the next hand-over. A call from a second thread while the first is
+// inside a call, or while transfers of the first are outstanding, would overlap MPI calls, which
+// SERIALIZED forbids: an error.
+void MpiCommunicator::check_thread(const char* call, bool another_call_inside) const {
   const std::thread::id self = std::this_thread::get_id();
   if (self == owner_.load(std::memory_order_relaxed)) return;
+  if (another_call_inside)
+    throw CommError(prefix() + call + " called from a second thread while another thread is inside a call of this " +
+                    "communicator; MPI calls must not overlap (one thread at a time)");
   if (any_thread_ && transfers_.empty()) {
     owner_.store(self, std::memory_order_relaxed);
     return;

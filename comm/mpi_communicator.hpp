@@ -5,14 +5,14 @@
 // under SERIALIZED or MULTIPLE, whichever called last, and another may take over whenever no
 // transfer is outstanding (check_thread). progress() called from any other thread, e.g. an OpenMP
 // worker in a compute loop, returns at once; any other call from another thread throws CommError
-// (FUNNELED, or while transfers are outstanding). Callers must not overlap their calls: two
-// threads inside blocking collectives at once are not detected.
+// (FUNNELED, or while transfers are outstanding, or while another thread is inside a call: two
+// threads in blocking collectives at once would overlap MPI calls, which SERIALIZED forbids).
 //
 // Progress. MPI moves a large (rendezvous) message only while the processes at both ends are
 // inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it
-// costs two comparisons; otherwise one MPI_Test on the oldest unfinished transfer: one pass of
-// the MPI progress engine advances every transfer, so testing each would multiply the cost, not
-// the progress. It never throws (an exception must not leave an OpenMP region): an error it
+// costs a comparison and an atomic increment and decrement; otherwise one MPI_Test on the oldest
+// unfinished transfer: one pass of the MPI progress engine advances every transfer, so testing
+// each would multiply the cost, not the progress. It never throws (an exception must not leave an OpenMP region): an error it
 // meets is thrown by the next test() or wait() of that transfer.
 //
 // Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
@@ -173,7 +173,9 @@ class MpiCommunicator : public Communicator {
 
   CommError mpi_error(int mpi_error, const std::string& call) const;
   void check(int mpi_error_code, const char* call) const;
-  void check_thread(const char* call) const;
+  // Marks a public call in progress for its lifetime (inside_), after check_thread.
+  class Entry;
+  void check_thread(const char* call, bool another_call_inside) const;
   void check_per_rank(size_t n, const char* call) const;
   int int_count(size_t n, const char* call) const;
   std::string describe(int rank) const;  // "rank 3", with the world rank in a sub-communicator
@@ -190,6 +192,9 @@ class MpiCommunicator : public Communicator {
   // Atomic because compute threads read it in progress() while the owner may hand it on.
   mutable std::atomic<std::thread::id> owner_;
   bool any_thread_ = false;
+  // Public calls in progress (nested calls of one thread count each; progress() counts too while
+  // it calls MPI). Non-zero when another thread arrives means the two would overlap.
+  mutable std::atomic<int> inside_{0};
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
   std::vector<std::unique_ptr<double>> released_departures_;  // of transfers given up (after a timeout)

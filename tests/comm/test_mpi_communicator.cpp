@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <thread>
 
 #include "comm/stopwatch.hpp"
@@ -183,8 +185,15 @@ TEST_F(MpiTest, ProgressIsCheapWithATransferOutstanding) {
   comm->wait(send, "progress cost");
 }
 
+int thread_level() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level;
+}
+
 // MPI_THREAD_FUNNELED: a compute thread may call progress() (it does nothing there) but nothing else.
 TEST_F(MpiTest, OnlyTheOwningThreadCallsMpi) {
+  if (thread_level() >= MPI_THREAD_SERIALIZED) GTEST_SKIP() << "MPI runs at SERIALIZED: another thread may take over";
   uint8_t byte = 0;
   bool progress_threw = false, isend_threw = false;
   std::thread worker([&] {
@@ -203,6 +212,57 @@ TEST_F(MpiTest, OnlyTheOwningThreadCallsMpi) {
   EXPECT_FALSE(progress_threw);
   EXPECT_TRUE(isend_threw);
   EXPECT_EQ(comm->outstanding(), 0u);
+}
+
+// MPI_THREAD_SERIALIZED (the Python module's level; comm_mpi_np2_serialized runs these): another
+// thread takes over while nothing is outstanding, and the first may take it back.
+TEST_F(MpiTest, AnotherThreadTakesOverWhenNothingIsOutstanding) {
+  if (thread_level() < MPI_THREAD_SERIALIZED) GTEST_SKIP() << "MPI runs at FUNNELED";
+  int value = rank();
+  std::string error;
+  std::thread other([&] {
+    try {
+      comm->allreduce(&value, 1, DataType::i32, ReduceOp::sum);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  });
+  other.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(value, size() * (size() - 1) / 2);
+  comm->barrier();
+}
+
+// Two threads inside calls at once would overlap MPI calls, which no thread level below
+// MULTIPLE allows: the second is refused before it reaches MPI. Rank 0's thread waits in a barrier
+// that rank 1 joins 0.5 s late; a second thread of rank 0 calls in meanwhile. (Before the check
+// saw calls in progress, SERIALIZED handed the communicator over there, as no transfer was
+// outstanding, and the second call entered MPI beside the barrier.)
+TEST_F(MpiTest, OverlappingCallsFromTwoThreadsAreRefused) {
+  if (size() < 2) GTEST_SKIP() << "needs a peer that holds the barrier open";
+  if (rank() == 0) {
+    std::string error;
+    std::thread second([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      int x = 0;
+      try {
+        comm->allreduce(&x, 1, DataType::i32, ReduceOp::sum);
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+    });
+    comm->barrier();
+    second.join();
+    EXPECT_NE(error.find("allreduce called from a second thread while another thread is inside a call"),
+              std::string::npos)
+        << error;
+  } else if (rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    comm->barrier();
+  } else {
+    comm->barrier();
+  }
+  comm->barrier();
 }
 
 // ---- collectives ----

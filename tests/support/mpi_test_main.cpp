@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <string>
 
 namespace {
 
@@ -30,8 +31,12 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --mpi-thread=serialized: MPI_THREAD_SERIALIZED (the Python module's level) instead of FUNNELED.
+  int level = MPI_THREAD_FUNNELED;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--mpi-thread=serialized") level = MPI_THREAD_SERIALIZED;
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, level, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
