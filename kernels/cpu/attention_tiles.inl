@@ -468,7 +468,8 @@ void backward_block(const BackwardBlockArgs& a) {
       lse2[v] = Isa::load(tile.lse2 + v * W);
       delta[v] = Isa::load(tile.delta + v * W);
     }
-    // P^T = 2^(S^T - LSE): in the score product's epilogue, after the mask on boundary tiles.
+    // P^T = 2^(S^T - LSE): in the score product's epilogue; boundary tiles mask S^T first and
+    // take a pass of their own.
     if (tile.kind == TileKind::partial) {
       scores(tile.qt, D, a.k, a.kv_stride, nk, st);
       apply_element_mask(st, nk, 0, tile.nq, tile.lane_lo, tile.lane_hi, tile.lane_brow, a.k_pos, a.block_mask,
