@@ -114,6 +114,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent)
       chunk_bytes_(parent.chunk_bytes_),
       owner_(parent.owner_.load()),
       any_thread_(parent.any_thread_),
+      gate_(parent.gate_),
       links_(parent.links_) {
   timeout_s_ = parent.timeout_s_;
   link_ = parent.link_;
@@ -157,26 +158,45 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Comm_free(&comm_);
 }
 
-// Every public call that reaches MPI holds one for its duration. The count is taken before the
-// thread check, so of two threads arriving at once at least one sees the other (a hand-over
-// never happens while a call is in progress). A nested call of the owning thread passes.
+// Every public call that reaches MPI holds the family's gate for its duration: one thread at a
+// time (a nested call of the holder passes), taken by compare-and-swap before the thread check,
+// so that the check and a hand-over see no other thread inside (nor its transfers changing).
 class MpiCommunicator::Entry {
  public:
-  Entry(const MpiCommunicator& c, const char* call) : c_(c) {
-    const bool another = c_.inside_.fetch_add(1, std::memory_order_acq_rel) > 0;
+  Entry(const MpiCommunicator& c, const char* call) : gate_(*c.gate_) {
+    if (!enter(gate_))
+      throw CommError(c.prefix() + call +
+                      " called from a second thread while another thread is inside a call of this communicator "
+                      "(or of one split from it); MPI calls must not overlap (one thread at a time)");
     try {
-      c_.check_thread(call, another);
+      c.check_thread(call);
     } catch (...) {
-      c_.inside_.fetch_sub(1, std::memory_order_acq_rel);
+      leave(gate_);
       throw;
     }
   }
-  ~Entry() { c_.inside_.fetch_sub(1, std::memory_order_acq_rel); }
+  ~Entry() { leave(gate_); }
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
 
+  // Takes the gate for this thread (again, if it holds it); false if another thread holds it.
+  static bool enter(CallGate& gate) {
+    const std::thread::id self = std::this_thread::get_id();
+    if (gate.holder.load(std::memory_order_acquire) == self) {
+      ++gate.depth;
+      return true;
+    }
+    std::thread::id none;
+    if (!gate.holder.compare_exchange_strong(none, self, std::memory_order_acq_rel)) return false;
+    gate.depth = 1;
+    return true;
+  }
+  static void leave(CallGate& gate) {
+    if (--gate.depth == 0) gate.holder.store(std::thread::id(), std::memory_order_release);
+  }
+
  private:
-  const MpiCommunicator& c_;
+  CallGate& gate_;
 };
 
 // ---- point to point ----
@@ -314,14 +334,15 @@ void MpiCommunicator::wait(Request& r, const std::string& what) {
 
 void MpiCommunicator::progress() {
   if (std::this_thread::get_id() != owner_.load(std::memory_order_relaxed)) return;
-  // Counted as a call while it may touch MPI, so that no other thread takes over meanwhile;
-  // inside another call (or while another thread is taking over) it leaves the polling to that.
-  const bool busy = inside_.fetch_add(1, std::memory_order_acq_rel) > 0;
+  // Holds the gate while it may touch MPI, so that no other thread takes over meanwhile; with
+  // another thread inside a call, that call polls. Ownership is checked again once held (it may
+  // have passed to another thread since the check above, which spares compute threads the gate).
+  if (!Entry::enter(*gate_)) return;
   struct Leave {
-    std::atomic<int>& inside;
-    ~Leave() { inside.fetch_sub(1, std::memory_order_acq_rel); }
-  } leave{inside_};
-  if (busy || transfers_.empty()) return;
+    CallGate& gate;
+    ~Leave() { Entry::leave(gate); }
+  } leave{*gate_};
+  if (std::this_thread::get_id() != owner_.load(std::memory_order_relaxed) || transfers_.empty()) return;
   for (auto& [id, t] : transfers_)
     if (!t.mpi_done && t.error.empty()) {
       try {
@@ -564,12 +585,9 @@ void MpiCommunicator::check(int mpi_error_code, const char* call) const {
 // its progress() polls, until the next hand-over. A call from a second thread while the first is
 // inside a call, or while transfers of the first are outstanding, would overlap MPI calls, which
 // SERIALIZED forbids: an error.
-void MpiCommunicator::check_thread(const char* call, bool another_call_inside) const {
+void MpiCommunicator::check_thread(const char* call) const {
   const std::thread::id self = std::this_thread::get_id();
   if (self == owner_.load(std::memory_order_relaxed)) return;
-  if (another_call_inside)
-    throw CommError(prefix() + call + " called from a second thread while another thread is inside a call of this " +
-                    "communicator; MPI calls must not overlap (one thread at a time)");
   if (any_thread_ && transfers_.empty()) {
     owner_.store(self, std::memory_order_relaxed);
     return;

@@ -5,12 +5,13 @@
 // under SERIALIZED or MULTIPLE, whichever called last, and another may take over whenever no
 // transfer is outstanding (check_thread). progress() called from any other thread, e.g. an OpenMP
 // worker in a compute loop, returns at once; any other call from another thread throws CommError
-// (FUNNELED, or while transfers are outstanding, or while another thread is inside a call: two
-// threads in blocking collectives at once would overlap MPI calls, which SERIALIZED forbids).
+// (FUNNELED, or while transfers are outstanding, or while another thread is inside a call of this
+// communicator or of one split from it: two threads in blocking collectives at once would
+// overlap MPI calls, which SERIALIZED forbids).
 //
 // Progress. MPI moves a large (rendezvous) message only while the processes at both ends are
 // inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it
-// costs a comparison and an atomic increment and decrement; otherwise one MPI_Test on the oldest
+// costs a comparison, a compare-and-swap and a store; otherwise one MPI_Test on the oldest
 // unfinished transfer: one pass of the MPI progress engine advances every transfer, so testing
 // each would multiply the cost, not the progress. It never throws (an exception must not leave an OpenMP region): an error it
 // meets is thrown by the next test() or wait() of that transfer.
@@ -111,6 +112,8 @@ class MpiCommunicator : public Communicator {
   bool test(Request& r) override;
   void wait(Request& r, const std::string& what) override;
   void progress() override;
+  // Whether some thread is inside a call of this communicator's family now (tests, diagnostics).
+  bool call_in_progress() const { return gate_->holder.load(std::memory_order_acquire) != std::thread::id(); }
 
   void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
@@ -173,9 +176,9 @@ class MpiCommunicator : public Communicator {
 
   CommError mpi_error(int mpi_error, const std::string& call) const;
   void check(int mpi_error_code, const char* call) const;
-  // Marks a public call in progress for its lifetime (inside_), after check_thread.
+  // Holds the family's CallGate for the lifetime of a public call, then checks the thread rule.
   class Entry;
-  void check_thread(const char* call, bool another_call_inside) const;
+  void check_thread(const char* call) const;
   void check_per_rank(size_t n, const char* call) const;
   int int_count(size_t n, const char* call) const;
   std::string describe(int rank) const;  // "rank 3", with the world rank in a sub-communicator
@@ -192,9 +195,15 @@ class MpiCommunicator : public Communicator {
   // Atomic because compute threads read it in progress() while the owner may hand it on.
   mutable std::atomic<std::thread::id> owner_;
   bool any_thread_ = false;
-  // Public calls in progress (nested calls of one thread count each; progress() counts too while
-  // it calls MPI). Non-zero when another thread arrives means the two would overlap.
-  mutable std::atomic<int> inside_{0};
+  // The thread inside a call (Entry; progress() while it polls) of this communicator or of one
+  // split from it, which share the gate: MPI's thread rule is per process, and a context's
+  // Ulysses group talks on a split of the ring's communicator. Another thread arriving while it
+  // is held would overlap MPI calls: refused. depth counts the holder's nested calls.
+  struct CallGate {
+    std::atomic<std::thread::id> holder{};
+    int depth = 0;  // the holder's alone
+  };
+  std::shared_ptr<CallGate> gate_ = std::make_shared<CallGate>();
   std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
   std::vector<std::unique_ptr<double>> released_departures_;  // of transfers given up (after a timeout)

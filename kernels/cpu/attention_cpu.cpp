@@ -42,6 +42,16 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // Fewest backward work items for which the ISA's larger backward key block is used.
 constexpr int64_t kMinBackwardItems = 64;
 
+// n zeroed elements, 64-byte aligned, from a thread's own workspace: the tile buffers the vector
+// kernels load and store whole 64-byte vectors from, which then never straddle two cache lines
+// (a std::vector guarantees 16 bytes, so where the heap placed one decided it).
+template <class T>
+T* tile_buffer(cpu::Workspace& ws, size_t n) {
+  T* p = ws.take<T>(n);
+  std::fill_n(p, n, T{});
+  return p;
+}
+
 int thread_count(const CpuOptions& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
 }
@@ -78,10 +88,11 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> qt(dot16 ? 0 : static_cast<size_t>(D) * lanes);
-    std::vector<float> q_rows(!dot16 && q.dtype != DType::f32 ? static_cast<size_t>(D) * lanes : 0);
-    std::vector<uint32_t> qt_pairs(dot16 ? static_cast<size_t>(D / 2) * lanes : 0);
-    std::vector<float> scratch(static_cast<size_t>(cpu::forward_scratch_floats(tk, D)));
+    cpu::Workspace tile_ws;
+    float* qt = tile_buffer<float>(tile_ws, dot16 ? 0 : static_cast<size_t>(D) * lanes);
+    float* q_rows = tile_buffer<float>(tile_ws, !dot16 && q.dtype != DType::f32 ? static_cast<size_t>(D) * lanes : 0);
+    uint32_t* qt_pairs = tile_buffer<uint32_t>(tile_ws, dot16 ? static_cast<size_t>(D / 2) * lanes : 0);
+    float* scratch = tile_buffer<float>(tile_ws, static_cast<size_t>(cpu::forward_scratch_floats(tk, D)));
     std::vector<int64_t> lane_data(3 * static_cast<size_t>(lanes));
     std::vector<int32_t> candidates;
     std::vector<std::pair<size_t, size_t>> ranges;
@@ -114,14 +125,14 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       const int64_t kv_offset = packed.offset(b, kvh, Hkv);
       ForwardTileArgs args{};
       if (dot16) {
-        pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qt_pairs.data());
-        args.qt_pairs = qt_pairs.data();
+        pack_pairs(q.data, qrow * D, H * D, tile.count, D, lanes, qt_pairs);
+        args.qt_pairs = qt_pairs;
         args.k16 = packed.k16 + kv_offset;
         args.score_scale = qscale;
       } else {
-        cpu::pack_lanes_from(tk.pack_lanes, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, q_rows.data(),
-                             qt.data(), lanes);
-        args.qt = qt.data();
+        cpu::pack_lanes_from(tk.pack_lanes, q.data, q.dtype, qrow * D, H * D, tile.count, D, qscale, q_rows, qt,
+                             lanes);
+        args.qt = qt;
         args.k = packed.k + kv_offset;
       }
       args.head_dim = D;
@@ -135,7 +146,7 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       args.o = state.o + qrow * D;
       args.o_stride = H * D;
       args.lse = state.lse + (b * H + h) * q.rows + tile.row0;
-      args.scratch = scratch.data();
+      args.scratch = scratch;
       tk.forward_tile(args);
     }
   }
@@ -240,7 +251,8 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num();
-    std::vector<float> scratch(static_cast<size_t>(cpu::backward_scratch_floats(tk, D)));
+    cpu::Workspace tile_ws;
+    float* scratch = tile_buffer<float>(tile_ws, static_cast<size_t>(cpu::backward_scratch_floats(tk, D)));
     std::vector<BackwardTileRef> refs;
     float* my_dq = dq_partial + tid * slots * slot_floats;
     std::vector<uint8_t>& my_touched = touched[static_cast<size_t>(tid)];
@@ -360,7 +372,7 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
         args.block_mask = mask.block_mask;
         args.block_count = mask.block_count;
         args.mask_block = mask.mask_block;
-        args.scratch = scratch.data();
+        args.scratch = scratch;
         tk.backward_block(args);
       }
 

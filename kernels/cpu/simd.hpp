@@ -97,12 +97,13 @@ struct Isa {
     }
   }
   // 2^x within 2.1 ulp (measured over every fp32 f in [-0.5, 0.5]); exactly 0 below 2^-126 and
-  // for -inf, +inf above 2^128. A degree-5 fit of 2^f with its constant term exactly 1 (the
+  // for -inf, +inf above 2^128, NaN for NaN (a NaN score makes its row NaN, as in PyTorch, rather
+  // than dropping the key or emptying the row). A degree-5 fit of 2^f with its constant term exactly 1 (the
   // degree-6 one it replaces was no more exact, 2.7 ulp, and took an FMA more); no upper clamp,
   // as scalef overflows to +inf by itself. The lower clamp keeps -inf out of the reduction
   // (-inf - -inf would raise the invalid flag, a trap where a caller enabled FP traps).
   static V exp2(V x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // also maps -inf and NaN to -150
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // -inf to -150; NaN stays (max returns its 2nd operand)
     const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm512_sub_ps(x, n);  // in [-0.5, 0.5]
     V p = _mm512_set1_ps(1.3264816953e-3f);
@@ -113,7 +114,7 @@ struct Isa {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     // p * 2^n; lanes below 2^-126 are 0 instead of subnormal (a subnormal result costs a
     // microcode assist: masked keys, -inf, come here on every causal diagonal block)
-    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ), p, n);
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ), p, n);
   }
 };
 }  // namespace avx512 / avx512bf16
@@ -160,11 +161,11 @@ struct Isa {
       r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
     }
   }
-  // 2^x; exactly 0 below 2^-126 (no subnormals) and for -inf.
+  // 2^x; exactly 0 below 2^-126 (no subnormals) and for -inf, NaN for NaN.
   static V exp2(V x) {
-    V keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);  // false for NaN and -inf
-    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
-    x = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
+    V keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);  // false for -inf, true for NaN
+    x = _mm256_max_ps(_mm256_set1_ps(-126.0f), x);  // NaN stays (max and min return their 2nd operand)
+    x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
     V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     V f = _mm256_sub_ps(x, n);
     V p = _mm256_set1_ps(1.540353039e-4f);
@@ -207,7 +208,7 @@ struct Isa {
   static V max(V a, V b) { return a > b ? a : b; }
   static bool any_greater(V a, V b) { return a > b; }
   static void transpose(V (&)[W]) {}  // a 1 x 1 block
-  static V exp2(V x) { return (x == -INFINITY || x != x) ? 0.0f : std::exp2(x); }
+  static V exp2(V x) { return x == -INFINITY ? 0.0f : std::exp2(x); }
 };
 }  // namespace scalar
 #endif

@@ -234,32 +234,39 @@ TEST_F(MpiTest, AnotherThreadTakesOverWhenNothingIsOutstanding) {
 }
 
 // Two threads inside calls at once would overlap MPI calls, which no thread level below
-// MULTIPLE allows: the second is refused before it reaches MPI. Rank 0's thread waits in a barrier
-// that rank 1 joins 0.5 s late; a second thread of rank 0 calls in meanwhile. (Before the check
-// saw calls in progress, SERIALIZED handed the communicator over there, as no transfer was
+// MULTIPLE allows: the second is refused before it reaches MPI, also on a communicator split
+// from the first (MPI's rule is per process). Rank 0's thread waits in a barrier that rank 1
+// joins 2 s late; a second thread of rank 0 calls in once the first is inside. (Before calls in
+// progress were tracked, SERIALIZED handed the communicator over there, as no transfer was
 // outstanding, and the second call entered MPI beside the barrier.)
 TEST_F(MpiTest, OverlappingCallsFromTwoThreadsAreRefused) {
   if (size() < 2) GTEST_SKIP() << "needs a peer that holds the barrier open";
+  std::unique_ptr<Communicator> half = comm->split(0, rank());  // every rank, one group
+  ASSERT_TRUE(half);
   if (rank() == 0) {
-    std::string error;
+    std::string error, split_error;
     std::thread second([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const Stopwatch waited;
+      while (!comm->call_in_progress() && waited.seconds() < 5.0) std::this_thread::yield();
       int x = 0;
       try {
         comm->allreduce(&x, 1, DataType::i32, ReduceOp::sum);
       } catch (const CommError& e) {
         error = e.what();
       }
+      try {
+        half->barrier();
+      } catch (const CommError& e) {
+        split_error = e.what();
+      }
     });
     comm->barrier();
     second.join();
-    EXPECT_NE(error.find("allreduce called from a second thread while another thread is inside a call"),
-              std::string::npos)
-        << error;
-  } else if (rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    comm->barrier();
+    for (const std::string* e : {&error, &split_error})
+      EXPECT_NE(e->find("called from a second thread while another thread is inside a call"), std::string::npos)
+          << *e;
   } else {
+    if (rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
     comm->barrier();
   }
   comm->barrier();

@@ -271,6 +271,29 @@ TEST(AttentionCpu, RunningMaxMovesWithinAndAcrossBlocks) {
   }
 }
 
+// A NaN key makes every row that sees it NaN, as in PyTorch: never a row that reads as empty
+// (LSE = -inf, which a merge of partial states would drop without a word), never a row that
+// silently leaves the key out. The NaN sits at each place of a group of key rows (the forward
+// exponentiates groups of rows against a lazily moved maximum); causal rows before it stay finite.
+TEST(AttentionCpu, ANanKeyMakesTheRowsThatSeeItNaN) {
+  for (bool causal : {false, true})
+    for (int64_t bad = 0; bad < 8; ++bad) {
+      Problem p = basic(150, 64, 2, 1);
+      p.mask.causal = causal;
+      p.k[size_t(bad * p.dims.head_dim)] = std::numeric_limits<float>::quiet_NaN();
+      const Outputs got = run_cpu_kernels(p);
+      const int64_t L = p.rows_q(), H = p.dims.heads;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < L; ++i) {
+          const float lse = got.lse[size_t(h * L + i)];
+          if (causal && i < bad)
+            EXPECT_TRUE(std::isfinite(lse)) << "row " << i << " does not see key " << bad;
+          else
+            EXPECT_TRUE(std::isnan(lse)) << "causal " << causal << ", NaN key " << bad << ", row " << i << ": " << lse;
+        }
+    }
+}
+
 TEST(AttentionCpu, Bf16StorageFp32Accumulation) {
   Problem p = basic(170, 64, 4, 2);
   p.mask.causal = true;
