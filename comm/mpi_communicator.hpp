@@ -13,8 +13,8 @@
 // inside MPI calls, so compute loops call progress() between tiles. With nothing outstanding it
 // costs a comparison, a compare-and-swap and a store; otherwise one MPI_Test on the oldest
 // unfinished transfer: one pass of the MPI progress engine advances every transfer, so testing
-// each would multiply the cost, not the progress. It never throws (an exception must not leave an OpenMP region): an error it
-// meets is thrown by the next test() or wait() of that transfer.
+// each would multiply the cost, not the progress. It never throws (an exception must not leave
+// an OpenMP region): an error it meets is thrown by the next test() or wait() of that transfer.
 //
 // Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
 // over shared memory only while a rank is inside MPI), yielding the core between polls to any

@@ -22,6 +22,9 @@ constexpr int R = Isa::kRows;         // broadcast rows per micro-kernel step
 constexpr int GV = Isa::kGradVecs;    // head-dim vectors per dK/dV micro-kernel step
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kNegInf = -__builtin_inff();
+// The running max of a lane that has seen no key: finite, so that 2^(s - m) of a masked (-inf)
+// score is 0 and never 2^(-inf - -inf) = NaN, on every path and in every rescale.
+constexpr float kNoKeyMax = -3.402823466e38f;
 
 template <int N>
 struct Rows { static constexpr int value = N; };
@@ -96,7 +99,7 @@ inline void scores(const float* yt, int D, const float* x, int64_t xs, int n, fl
 constexpr float kMaxSlack = 8.0f;
 
 struct OnlineSoftmax {
-  V m[NV];       // running max (log2 units; -inf before any key)
+  V m[NV];       // running max (log2 units; kNoKeyMax before any key)
   V l[NV];       // running sum of p against m
   V lsum[NV];    // this block's sum of p
   V alpha[NV];   // rescale the running O owes for the moves of m within this block
@@ -115,7 +118,7 @@ struct OnlineSoftmax {
     V a[NV];
     for (int v = 0; v < NV; ++v) {
       const V mnew = Isa::max(m[v], gmax[v]);
-      a[v] = Isa::exp2(Isa::sub(m[v], mnew));  // 0 while m = -inf
+      a[v] = Isa::exp2(Isa::sub(m[v], mnew));  // 0 from kNoKeyMax
       m[v] = mnew;
       l[v] = Isa::mul(l[v], a[v]);
       lsum[v] = Isa::mul(lsum[v], a[v]);
@@ -373,7 +376,7 @@ void forward_tile(const ForwardTileArgs& a) {
   // LSE (in log2 units) and the running sum is 1; an empty state (LSE = -inf) has sum 0.
   const auto has_state = [&](int i) { return i < a.nq && a.lse[i] != kNegInf; };
   for (int i = 0; i < BR; ++i) {
-    m_lane[i] = has_state(i) ? a.lse[i] * 1.44269504088896341f : kNegInf;
+    m_lane[i] = has_state(i) ? a.lse[i] * 1.44269504088896341f : kNoKeyMax;
     l_lane[i] = has_state(i) ? 1.0f : 0.0f;
   }
   rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
@@ -384,7 +387,6 @@ void forward_tile(const ForwardTileArgs& a) {
     m[v] = Isa::load(m_lane + v * W);
     l[v] = Isa::load(l_lane + v * W);
   }
-  const V lowest = Isa::set1(-3.402823466e38f);
 
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
@@ -395,7 +397,7 @@ void forward_tile(const ForwardTileArgs& a) {
       continue;
     }
     // Boundary blocks (and bf16 pairs): scores, mask, then the block's maximum first.
-    V mnew[NV], msafe[NV], alpha[NV], lsum[NV];
+    V mnew[NV], alpha[NV], lsum[NV];
     for (int v = 0; v < NV; ++v) mnew[v] = m[v];
     if (a.qt_pairs)
       scores_bf16(a.qt_pairs, D, a.k16 + blk.row0 * a.kv_stride, a.kv_stride, nk, a.score_scale, st);
@@ -408,15 +410,12 @@ void forward_tile(const ForwardTileArgs& a) {
     for (int j = 0; j < nk; ++j)
       for (int v = 0; v < NV; ++v) mnew[v] = Isa::max(mnew[v], Isa::load(st + j * BR + v * W));
     for (int v = 0; v < NV; ++v) {
-      // A lane that has seen only masked keys keeps m = -inf; subtracting a finite stand-in
-      // keeps exp2(-inf - m) at 0 instead of NaN.
-      msafe[v] = Isa::max(mnew[v], lowest);
-      alpha[v] = Isa::exp2(Isa::sub(m[v], msafe[v]));
+      alpha[v] = Isa::exp2(Isa::sub(m[v], mnew[v]));
       lsum[v] = Isa::zero();
     }
     for (int j = 0; j < nk; ++j) {
       for (int v = 0; v < NV; ++v) {
-        V p = Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), msafe[v]));
+        V p = Isa::exp2(Isa::sub(Isa::load(st + j * BR + v * W), mnew[v]));
         Isa::store(st + j * BR + v * W, p);
         lsum[v] = Isa::add(lsum[v], p);
       }

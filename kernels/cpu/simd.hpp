@@ -98,9 +98,9 @@ struct Isa {
   }
   // 2^x within 2.1 ulp (measured over every fp32 f in [-0.5, 0.5]); exactly 0 below 2^-126 and
   // for -inf, +inf above 2^128, NaN for NaN (a NaN score makes its row NaN, as in PyTorch, rather
-  // than dropping the key or emptying the row). A degree-5 fit of 2^f with its constant term exactly 1 (the
-  // degree-6 one it replaces was no more exact, 2.7 ulp, and took an FMA more); no upper clamp,
-  // as scalef overflows to +inf by itself. The lower clamp keeps -inf out of the reduction
+  // than dropping the key or emptying the row). A degree-5 fit of 2^f with its constant term
+  // exactly 1 (the degree-6 one it replaces was no more exact, 2.7 ulp, and took an FMA more); no
+  // upper clamp, as scalef overflows to +inf by itself. The lower clamp keeps -inf out of the reduction
   // (-inf - -inf would raise the invalid flag, a trap where a caller enabled FP traps).
   static V exp2(V x) {
     x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // -inf to -150; NaN stays (max returns its 2nd operand)

@@ -294,6 +294,26 @@ TEST(AttentionCpu, ANanKeyMakesTheRowsThatSeeItNaN) {
     }
 }
 
+// Keys whose scores are -inf (an infinite entry in K) get weight 0, as in PyTorch, also when a
+// whole group of key rows is -inf before any finite key (the forward's lazily moved maximum then
+// starts from the finite stand-in for "no key yet", not from -inf: -inf - -inf would be NaN).
+TEST(AttentionCpu, KeysWithMinusInfinityScoresGetNoWeight) {
+  for (bool causal : {false, true}) {
+    Problem p = basic(150, 64, 2, 1);
+    p.mask.causal = causal;
+    const int64_t D = p.dims.head_dim, H = p.dims.heads;
+    for (int64_t i = 0; i < p.rows_q(); ++i)
+      for (int64_t h = 0; h < H; ++h) p.q[size_t((i * H + h) * D)] = 1.0f;
+    for (int64_t j = 0; j < 8; ++j) p.k[size_t(j * D)] = -std::numeric_limits<float>::infinity();
+    const Outputs got = run_cpu_kernels(p);
+    const RefOutputs ref = run_reference(p);
+    for (size_t i = 0; i < got.lse.size(); ++i)
+      ASSERT_EQ(std::isinf(got.lse[i]), std::isinf(ref.lse[i])) << "causal " << causal << ", lse " << i;
+    for (size_t i = 0; i < got.o.size(); ++i)
+      ASSERT_NEAR(got.o[i], ref.o[i], 1e-5) << "causal " << causal << ", o " << i;
+  }
+}
+
 TEST(AttentionCpu, Bf16StorageFp32Accumulation) {
   Problem p = basic(170, 64, 4, 2);
   p.mask.causal = true;
