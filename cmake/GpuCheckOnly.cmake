@@ -21,6 +21,7 @@ endif()
 set(RINGATTN_HAVE_CUDA ON)
 message(STATUS "ringattn: GPU check build (kernels, their tests, the GPU benchmark); GoogleTest ${GTest_FOUND}")
 
+add_subdirectory(util)
 add_subdirectory(kernels)
 set(RINGATTN_CUDA_TEST_LIBS ringattn_kernels)
 enable_testing()

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "util/dtype.hpp"
+
 namespace ringattn::comm {
 
 // A communication fault: peer lost, timeout, transport error (exit code 4 at the top).
@@ -21,11 +23,8 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class DataType : uint8_t { u8, i32, i64, f32, f64 };
 enum class ReduceOp : uint8_t { sum, max, min };
 enum class MemorySpace : uint8_t { host, device };
-
-size_t data_type_size(DataType t);
 
 // Handle of a posted point-to-point transfer; invalid once completed, or once test() or wait()
 // has thrown.
@@ -113,14 +112,14 @@ class Communicator {
   static constexpr int kStepTag = 32767;
 
   // Collectives: blocking, bounded by the timeout, same call order on every rank.
-  virtual void allreduce(void* buf, size_t count, DataType type, ReduceOp op) = 0;
+  virtual void allreduce(void* buf, size_t count, DType type, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   // Rank r contributes recv_bytes[r] bytes; recv holds them concatenated in rank order.
   virtual void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) = 0;
   // send holds size() consecutive blocks, block r of counts[r] elements; rank r receives the
   // reduction over ranks of block r.
-  virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                               ReduceOp op) = 0;
   // All-to-all with per-peer sizes (DeepSpeed-Ulysses' sequence-for-head swap): send holds
   // size() consecutive blocks, block j of send_bytes[j] bytes going to rank j; recv receives

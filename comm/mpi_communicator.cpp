@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn::comm {
 namespace {
@@ -27,15 +27,17 @@ constexpr double kSpinSeconds = 50e-6;
 constexpr double kFirstSleepSeconds = 50e-6;
 constexpr double kLongestSleepSeconds = 200e-6;
 
-MPI_Datatype mpi_type(DataType t) {
+MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DataType::u8: return MPI_UINT8_T;
-    case DataType::i32: return MPI_INT32_T;
-    case DataType::i64: return MPI_INT64_T;
-    case DataType::f32: return MPI_FLOAT;
-    case DataType::f64: return MPI_DOUBLE;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::f16:
+    case DType::bf16: break;  // MPI has no 16-bit floats to reduce
   }
-  return MPI_DATATYPE_NULL;
+  throw std::invalid_argument(std::string("the MPI communicator cannot reduce ") + dtype_name(t) + " values");
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -47,19 +49,14 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-const char* type_name(DataType t) {
-  static const char* names[] = {"u8", "i32", "i64", "f32", "f64"};
-  return names[static_cast<int>(t)];
-}
-
 const char* op_name(ReduceOp op) {
   static const char* names[] = {"sum", "max", "min"};
   return names[static_cast<int>(op)];
 }
 
 // "4 x f32, sum": what a reduction was about, for error messages.
-std::string reduction_text(size_t count, DataType type, ReduceOp op) {
-  return std::to_string(count) + " x " + type_name(type) + ", " + op_name(op);
+std::string reduction_text(size_t count, DType type, ReduceOp op) {
+  return std::to_string(count) + " x " + dtype_name(type) + ", " + op_name(op);
 }
 
 std::string seconds_text(double s) {
@@ -431,7 +428,7 @@ std::string MpiCommunicator::roll_call_report() {
   return roll_call_text(roll_call_->absent(grace), size_, grace, [this](int r) { return describe(r); });
 }
 
-void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
+void MpiCommunicator::allreduce(void* buf, size_t count, DType type, ReduceOp op) {
   const Entry entry(*this, "allreduce");
   MPI_Request req;
   check(MPI_Iallreduce(MPI_IN_PLACE, buf, int_count(count, "allreduce"), mpi_type(type), mpi_op(op), comm_, &req),
@@ -477,7 +474,7 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
   finish_collective(req, "allgatherv (" + std::to_string(offset) + " bytes in all)");
 }
 
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                                      ReduceOp op) {
   const Entry entry(*this, "reduce_scatter");
   check_per_rank(counts.size(), "reduce_scatter");

@@ -115,11 +115,11 @@ class MpiCommunicator : public Communicator {
   // Whether some thread is inside a call of this communicator's family now (tests, diagnostics).
   bool call_in_progress() const { return gate_->holder.load(std::memory_order_acquire) != std::thread::id(); }
 
-  void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
+  void allreduce(void* buf, size_t count, DType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
-  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                       ReduceOp op) override;
   // MPI_Ialltoallv; the point-to-point default (Communicator::alltoallv) under link emulation,
   // so that the emulated link delays it, and when a size or offset exceeds MPI's int.

@@ -126,8 +126,8 @@ class CudaBackend final : public AttentionBackend {
                const std::function<void()>& progress) override {
     if (q.rows == 0 || kv.rows == 0) return;
     const MaskView m = device_mask(mask);
-    const kernels::CudaQueryRows dq{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
-    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+    const kernels::CudaQueryRows dq{q.data, q.dtype, q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kv.dtype, kv.rows,
                                         positions(k_pos_, kv.pos, kv.rows)};
     kernels::cuda_attention_forward(dims, dq, dkv, m, state, options());
     wait(progress);
@@ -135,7 +135,7 @@ class CudaBackend final : public AttentionBackend {
 
   void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
              float* delta) override {
-    kernels::cuda_attention_delta(dims, rows, o, dout, kernels::element_type(dtype), delta, stream_);
+    kernels::cuda_attention_delta(dims, rows, o, dout, dtype, delta, stream_);
   }
 
   void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
@@ -143,8 +143,8 @@ class CudaBackend final : public AttentionBackend {
                 const MaskView& mask, const std::function<void()>& progress) override {
     if (q.rows == 0 || kv.rows == 0) return;
     const MaskView m = device_mask(mask);
-    const kernels::CudaQueryRows dqr{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
-    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+    const kernels::CudaQueryRows dqr{q.data, q.dtype, q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kv.dtype, kv.rows,
                                         positions(k_pos_, kv.pos, kv.rows)};
     kernels::cuda_attention_backward(dims, dqr, dkv, dout, lse, delta, dq, dk, dv, m, options());
     wait(progress);
@@ -178,7 +178,7 @@ class CudaBackend final : public AttentionBackend {
     // Backend buffers are 256-byte aligned, so alignment never decides here: any aligned address will do.
     alignas(16) static const char aligned[16] = {};
     const std::string kernel =
-        kernels::cuda_kernel_name(dims, kernels::element_type(dtype), aligned, aligned, aligned, options());
+        kernels::cuda_kernel_name(dims, dtype, aligned, aligned, aligned, options());
     return kernel == "tensor_core" ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
   }
   kernels::CudaOptions options() const {

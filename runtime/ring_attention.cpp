@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn {
 
@@ -111,9 +111,9 @@ comm::StepHandle RingAttention::post(comm::StepTransfer* transfers, size_t count
 
 void RingAttention::wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats) {
   if (!h.valid()) return;
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   comm_.wait_step(h, what);
-  stats.wait_seconds += comm::now_seconds() - t0;
+  stats.wait_seconds += now_seconds() - t0;
 }
 
 // The K/V step `step`: receive into kv_in_[step % 2]; send own rows (direct), own shard (ring,
@@ -148,7 +148,7 @@ comm::StepHandle RingAttention::post_key_values(int step, const void* k, const v
 
 PassStats RingAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   PassStats stats;
-  const double t_start = comm::now_seconds();
+  const double t_start = now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -163,10 +163,10 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
   const kernels::AttentionState state{o, lse};
   auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos) {
-    const double t0 = comm::now_seconds();
+    const double t0 = now_seconds();
     backend_.forward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, mask_view_, state,
                      progress);
-    stats.compute_seconds += comm::now_seconds() - t0;
+    stats.compute_seconds += now_seconds() - t0;
     ++stats.compute_steps;
   };
 
@@ -193,7 +193,7 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = comm::now_seconds() - t_start;
+  stats.seconds = now_seconds() - t_start;
   return stats;
 }
 
@@ -201,7 +201,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
                                   const void* dout, float* dq, float* dk, float* dv) {
   allocate_backward_buffers();  // first pass only, before any transfer is posted
   PassStats stats;
-  const double t_start = comm::now_seconds();
+  const double t_start = now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -221,10 +221,10 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
 
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
   auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos, float* gk, float* gv) {
-    const double t0 = comm::now_seconds();
+    const double t0 = now_seconds();
     backend_.backward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, dout, lse, delta, dq,
                       gk, gv, mask_view_, progress);
-    stats.compute_seconds += comm::now_seconds() - t0;
+    stats.compute_seconds += now_seconds() - t0;
     ++stats.compute_steps;
   };
   // The gradient step of ring step `step`, posted right after its compute. Direct: the partial
@@ -307,7 +307,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = comm::now_seconds() - t_start;
+  stats.seconds = now_seconds() - t_start;
   return stats;
 }
 

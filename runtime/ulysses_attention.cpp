@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
@@ -239,9 +239,9 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
   backend_.synchronize();  // the communicator reads the blocks as soon as it is called
   // The exchange alone counts as communication (waiting included: it starts when the group's
   // last member arrives); packing and unpacking are copies on the backend, like the ring's.
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   groups_->group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
-  a2a_seconds_ += comm::now_seconds() - t0;
+  a2a_seconds_ += now_seconds() - t0;
   // Copies of a replicated K/V head come back from consecutive members: their fp32 gradients are
   // summed in member order into the first block, which then goes in place once.
   char* blocks = recv_.as<char>();
@@ -280,7 +280,7 @@ void UlyssesAttention::inputs_to_heads(const void* q, const void* k, const void*
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
   if (groups_->ulysses == 1) return ring_->forward(q, k, v, o, lse);
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const int64_t H = options_.dims.heads;
@@ -291,7 +291,7 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
   reshard(lse_resharding(), Direction::to_rows, lse_heads_.data(), lse);
   forward_args_[0] = q, forward_args_[1] = k, forward_args_[2] = v, forward_args_[3] = o, forward_args_[4] = lse;
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = comm::now_seconds() - t0;
+  stats.seconds = now_seconds() - t0;
   return stats;
 }
 
@@ -299,7 +299,7 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
                                      const void* dout, float* dq, float* dk, float* dv) {
   ring_->on_step = on_step;
   if (groups_->ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
@@ -325,7 +325,7 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   reshard(rkv32, Direction::to_rows, dk_heads_.data(), dk);
   reshard(rkv32, Direction::to_rows, dv_heads_.data(), dv);
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = comm::now_seconds() - t0;
+  stats.seconds = now_seconds() - t0;
   return stats;
 }
 

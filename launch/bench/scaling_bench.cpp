@@ -13,14 +13,14 @@
 #include <optional>
 
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/cpu_binding.hpp"
-#include "launch/job_control.hpp"
-#include "launch/execution.hpp"
-#include "launch/job_util.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/cpu_binding.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/execution.hpp"
+#include "launch/cli/job_util.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
 #include "launch/bench/scaling_report.hpp"
-#include "launch/statistics.hpp"
+#include "launch/cli/statistics.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/check.hpp"
 #include "launch/plan/cluster_model.hpp"
@@ -186,9 +186,9 @@ struct PassSeries {
     double slow = s.seconds;
     double sums[4] = {s.seconds, s.compute_seconds, s.wait_seconds, s.wait_seconds / std::max(s.seconds, 1e-12)};
     uint64_t sent = s.bytes_sent;
-    comm.allreduce(&slow, 1, comm::DataType::f64, comm::ReduceOp::max);
-    comm.allreduce(sums, 4, comm::DataType::f64, comm::ReduceOp::sum);
-    comm.allreduce(&sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
+    comm.allreduce(&slow, 1, DType::f64, comm::ReduceOp::max);
+    comm.allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+    comm.allreduce(&sent, 1, DType::i64, comm::ReduceOp::sum);
     slowest.push_back(slow);
     mean.push_back(sums[0] / P), compute.push_back(sums[1] / P), wait.push_back(sums[2] / P);
     exposed.push_back(sums[3] / P);
@@ -285,11 +285,11 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
 
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), L);
   uint64_t rss = point_peak_rss(was_reset);
-  comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&a2a_bytes, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&pairs, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&needed, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&a2a_bytes, 1, DType::i64, comm::ReduceOp::sum);
   pt.a2a_bytes_sent = a2a_bytes;
-  comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
+  comm.allreduce(&rss, 1, DType::i64, comm::ReduceOp::max);
   pt.flops_forward = 4.0 * double(B * H * D) * double(pairs);
   pt.bytes_needed = needed;
   pt.peak_rss = rss;
@@ -341,7 +341,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   setup.weak = b.weak, setup.backward = b.backward, setup.ranks = b.ranks;
   setup.job_ranks = world.size(), setup.hardware_threads = ctx.hardware_threads, setup.threads = b.threads;
   setup.nodes = ctx.local_rank == 0;
-  world.allreduce(&setup.nodes, 1, comm::DataType::i32, comm::ReduceOp::sum);
+  world.allreduce(&setup.nodes, 1, DType::i32, comm::ReduceOp::sum);
   setup.seq_len = b.opt.seq_len, setup.tokens_per_rank = b.opt.tokens_per_rank;
   setup.batch = b.dims.batch, setup.heads = b.dims.heads, setup.kv_heads = b.dims.kv_heads;
   setup.head_dim = b.dims.head_dim;
@@ -386,7 +386,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   }
   int wrong = 0;
   for (const ScalingPoint& p : points) wrong += p.wrong;
-  world.allreduce(&wrong, 1, comm::DataType::i32, comm::ReduceOp::max);  // rank 0 was in every point
+  world.allreduce(&wrong, 1, DType::i32, comm::ReduceOp::max);  // rank 0 was in every point
 
   if (world.rank() == 0) print_scaling_footer(points, setup);
   agreed_phase(world, [&] {

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "launch/summary.hpp"
+#include "launch/cli/summary.hpp"
 
 namespace ringattn {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/json.hpp"
-#include "launch/mask_options.hpp"
+#include "launch/cli/json.hpp"
+#include "launch/cli/mask_options.hpp"
 
 namespace ringattn {
 

@@ -8,11 +8,11 @@
 #include <optional>
 #include <sstream>
 
-#include "launch/job_control.hpp"
-#include "launch/json.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/json.hpp"
 #include "runtime/io/json_reader.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
 #include "launch/plan/calibration.hpp"
 #include "launch/plan/hybrid_report.hpp"

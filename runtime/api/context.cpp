@@ -128,7 +128,7 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
   // option fails every rank.
   const ArgumentError bad = check_options(options);
   int failed = bad.argument().empty() ? 0 : 1;
-  m.mpi->allreduce(&failed, 1, comm::DataType::i32, comm::ReduceOp::max);
+  m.mpi->allreduce(&failed, 1, DType::i32, comm::ReduceOp::max);
   if (failed) {
     if (!bad.argument().empty()) throw bad;
     throw ArgumentError("options", "options: another rank's options were refused");

@@ -1,6 +1,6 @@
 // Reading small JSON documents: the files the launch commands take (benchmark results of `ringattn plan
 // --calibrate`, `--cluster`), HF config.json and PEFT adapter_config.json, safetensors headers. The writer
-// is launch/json.hpp.
+// is launch/cli/json.hpp.
 #pragma once
 
 #include <string>

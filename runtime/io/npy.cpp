@@ -38,21 +38,6 @@ std::string where_of(const std::string& label, const std::string& path) {
   return (label.empty() ? path : label + " " + path) + ": ";
 }
 
-std::string format_shape(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
-std::string human_bytes(double n) {
-  static const char* units[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB"};
-  int u = 0;
-  while (n >= 1000 && u < 6) n /= 1000, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.3g %s" : "%.0f %s", n, units[u]);
-  return buf;
-}
-
 int64_t byte_count(const std::vector<int64_t>& shape, int64_t word_size) {
   int64_t bytes = word_size;
   bool empty = false;

@@ -10,15 +10,13 @@
 #include <vector>
 
 #include "runtime/io/npy.hpp"
+#include "util/dtype.hpp"
+#include "util/format.hpp"
 
 namespace ringattn::npy_internal {
 
 // "--q /data/q.npy: ", the start of every message about a file.
 std::string where_of(const std::string& label, const std::string& path);
-// As Python prints it: (), (5,), (2, 3).
-std::string format_shape(const std::vector<int64_t>& shape);
-// "4.1 TB", decimal units.
-std::string human_bytes(double bytes);
 // The data size of an array of this shape, or -1 when a dimension is negative or it overflows.
 int64_t byte_count(const std::vector<int64_t>& shape, int64_t word_size);
 // Errors of open() that mean the user named a file that cannot be used, as opposed to a fault.
@@ -80,7 +78,6 @@ void for_each_run(const RowSelection& rows, int64_t file_elements, const std::st
 }
 
 // IEEE binary16 bits -> float (exact: every half is a float).
-float half_to_float(uint16_t h);
 // inspect_npy on an open file.
 NpyInfo inspect_open(int fd, int64_t file_size, const std::string& path, const std::string& label);
 

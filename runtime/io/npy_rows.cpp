@@ -35,18 +35,6 @@ constexpr int64_t kBounceBytes = 1 << 20;  // conversion buffer for float64/floa
 
 }  // namespace
 
-float npy_internal::half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
-    const float f = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -f : f;
-  }
-  const uint32_t bits = exponent == 0x1f ? sign | 0x7f800000u | (mantissa << 13)  // inf, NaN
-                                         : sign | ((exponent + 112) << 23) | (mantissa << 13);
-  return std::bit_cast<float>(bits);
-}
-
 namespace {
 
 // Converts n elements of a float64 or float16 file; counts finite values that overflowed to inf.
@@ -62,7 +50,7 @@ void convert_to_float(std::string_view descr, const char* src, int64_t n, float*
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = half_to_float(h);
+      dst[i] = fp16_to_float(h);
     }
   }
 }

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/json_reader.hpp"
 #include "runtime/io/npy_file.hpp"
@@ -185,7 +185,7 @@ void read_safetensors_rows(const SafetensorsInfo& file, const SafetensorsTensor&
       for (int64_t i = 0; i < m; ++i) {
         uint16_t h;
         std::memcpy(&h, bounce.data() + 2 * i, 2);
-        dst[done + i] = tensor.dtype == "F16" ? half_to_float(h) : bf16_to_float(h);
+        dst[done + i] = tensor.dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
       }
     }
   });

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
@@ -121,7 +121,7 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
                                                               projections_[static_cast<size_t>(p)].shape(), type);
     // The slot's last user (projection i - 2) is done, and a transport that writes from the host
     // (MPI through host memory) cannot overtake it.
-    const comm::Stopwatch compute;
+    const Stopwatch compute;
     backend_.synchronize();
     use_seconds += compute.seconds();
     gathers_[static_cast<size_t>(i % 2)].start(comm_, *ops_, projections_[static_cast<size_t>(p)],
@@ -136,12 +136,12 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
   finish(0);
   for (int i = 0; i < kProjections; ++i) {
     if (i + 1 < kProjections) start(i + 1);  // arrives while projection i computes
-    const comm::Stopwatch t;
+    const Stopwatch t;
     use(order[static_cast<size_t>(i)], gathered[static_cast<size_t>(i)]);
     use_seconds += t.seconds();
     if (i + 1 < kProjections) finish(i + 1);
   }
-  const comm::Stopwatch last;
+  const Stopwatch last;
   backend_.synchronize();  // the last projection's GEMMs, before their inputs go
   use_seconds += last.seconds();
   for (DeviceBuffer& slot : slots_) slot = DeviceBuffer();
@@ -150,7 +150,7 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
 
 LayerPassStats LoraLayer::forward(const float* x, float* y) {
   LayerPassStats stats;
-  const comm::Stopwatch total;
+  const Stopwatch total;
   const int64_t N = config_.batch * rows(), D = config_.head_dim(), H = config_.heads, Hkv = config_.kv_heads;
   const DType type = config_.dtype;
   const size_t e = static_cast<size_t>(dtype_bytes(type));
@@ -191,7 +191,7 @@ LayerPassStats LoraLayer::forward(const float* x, float* y) {
       ops_->round_to_bf16(kept.as<bf16_bits>(), result, static_cast<size_t>(N * heads_of(p) * D));
     if (p != kValue) return;
     backend_.synchronize();   // (the projections' time is theirs)
-    const comm::Stopwatch t;  // the gather of Wo is in flight meanwhile
+    const Stopwatch t;  // the gather of Wo is in flight meanwhile
     stats.attention =
         attention_.forward(shard_, spec_, q_.data(), k_.data(), v_.data(), o_.as<float>(), lse_.as<float>());
     stats.attention_seconds = t.seconds();
@@ -204,7 +204,7 @@ LayerPassStats LoraLayer::forward(const float* x, float* y) {
 LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
   if (!have_forward_) throw std::logic_error("LoraLayer::backward called before forward");
   LayerPassStats stats;
-  const comm::Stopwatch total;
+  const Stopwatch total;
   const int64_t N = config_.batch * rows(), D = config_.head_dim(), H = config_.heads, Hkv = config_.kv_heads;
   const DType type = config_.dtype;
   const float s = config_.scaling();
@@ -237,7 +237,7 @@ LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
                           du_op);
       const void* d_out = operand(d_attn.as<float>(), static_cast<size_t>(N * H * D), d_attn_stored);
       backend_.synchronize();   // (the projection's time is its own)
-      const comm::Stopwatch t;  // the gather of Wv is in flight meanwhile
+      const Stopwatch t;  // the gather of Wv is in flight meanwhile
       stats.attention = attention_.backward(shard_, spec_, q_.data(), k_.data(), v_.data(), o_.as<float>(),
                                             lse_.as<float>(), d_out, dq.as<float>(), dk.as<float>(), dv.as<float>());
       stats.attention_seconds = t.seconds();
@@ -249,7 +249,7 @@ LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
     const void* d_op = operand(d_proj, static_cast<size_t>(N * heads_of(p) * D), d_operand);
     projection_backward(*ops_, w, s, x_op, u, d_op, N, dx, p != kValue, grad_a_t, grad_b, du.as<float>(), du_op);
   });
-  const comm::Stopwatch reduce;
+  const Stopwatch reduce;
   reduce_scatter_gradients(full.as<float>());
   stats.reduce_seconds = reduce.seconds();
   stats.seconds = total.seconds();
@@ -285,7 +285,7 @@ void LoraLayer::reduce_scatter_gradients(const float* full) {
   }
   backend_.synchronize();  // a transport that reads from the host (MPI through host memory) reads it now
   comm_.reduce_scatter(send.data(), mine.data(), std::vector<size_t>(static_cast<size_t>(P), block),
-                       comm::DataType::f32, comm::ReduceOp::sum);
+                       DType::f32, comm::ReduceOp::sum);
   std::vector<float> host(counts[static_cast<size_t>(comm_.rank())]);
   backend_.download(host.data(), mine.data(), sizeof(float) * host.size());
   size_t offset = 0;

@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "kernels/rotary.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "runtime/backend.hpp"
 
 namespace ringattn {

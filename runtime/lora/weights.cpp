@@ -9,13 +9,13 @@
 #include "runtime/errors.hpp"
 #include "runtime/io/json_reader.hpp"
 #include "runtime/io/npy_file.hpp"
+#include "util/format.hpp"
 
 namespace ringattn {
 
 namespace {
 
 namespace fs = std::filesystem;
-using npy_internal::format_shape;
 
 std::vector<int64_t> range_positions(const RowRange& r) {
   std::vector<int64_t> pos(static_cast<size_t>(r.end - r.begin));

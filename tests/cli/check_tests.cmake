@@ -1,5 +1,5 @@
 # --check must be able to fail. Each check_fails_on_* test runs the job with RINGATTN_TEST_FAULT
-# (launch/test_hook.hpp): the ring computes with a slightly wrong mask, scale, head mapping or
+# (launch/cli/test_hook.hpp): the ring computes with a slightly wrong mask, scale, head mapping or
 # output, --check judges against the true ones, and the job must exit 3. The sizes make sampled
 # rows see thousands of keys, where a one-key error is a small relative change. The
 # check_passes_* tests are the controls: the same jobs without a fault pass.

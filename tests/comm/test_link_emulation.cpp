@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/nccl_communicator.hpp"
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "ringattn/ringattn.hpp"
 #include "tests/support/sharded_reference.hpp"
 #include "tests/comm/step_exchange.hpp"
@@ -46,7 +46,7 @@ TEST(NcclEmulated, CollectivesOnDeviceAndHostMemory) {
   float* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, sizeof(float) * 2 * size_t(P)), cudaSuccess);
   d[0] = float(r + 1), d[1] = 2.0f;
-  nccl.allreduce(d, 2, DataType::f32, ReduceOp::sum);
+  nccl.allreduce(d, 2, DType::f32, ReduceOp::sum);
   EXPECT_EQ(d[0], float(P * (P + 1) / 2));
   EXPECT_EQ(d[1], float(2 * P));
   d[0] = r == P - 1 ? 42.0f : 0.0f;
@@ -59,10 +59,10 @@ TEST(NcclEmulated, CollectivesOnDeviceAndHostMemory) {
   for (int i = 0; i < P; ++i) EXPECT_EQ(all[i], float(10 * i));
   for (int i = 0; i < P; ++i) all[i] = float(i + r);
   std::vector<size_t> counts(size_t(P), 1);
-  nccl.reduce_scatter(all, d, counts, DataType::f32, ReduceOp::sum);
+  nccl.reduce_scatter(all, d, counts, DType::f32, ReduceOp::sum);
   EXPECT_EQ(d[0], float(P * r + P * (P - 1) / 2));
   double h = r;
-  nccl.allreduce(&h, 1, DataType::f64, ReduceOp::max);  // host memory: over MPI
+  nccl.allreduce(&h, 1, DType::f64, ReduceOp::max);  // host memory: over MPI
   EXPECT_EQ(h, double(P - 1));
   nccl.barrier();
   cudaFree(all);

@@ -1,5 +1,5 @@
-// launch/statistics.hpp: the median and percentiles every measurement reports.
-#include "launch/statistics.hpp"
+// launch/cli/statistics.hpp: the median and percentiles every measurement reports.
+#include "launch/cli/statistics.hpp"
 
 #include <gtest/gtest.h>
 

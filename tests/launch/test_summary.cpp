@@ -1,6 +1,6 @@
-// launch/summary.hpp: the one list of SPEC.md's summary fields that the job, the layer and every
+// launch/cli/summary.hpp: the one list of SPEC.md's summary fields that the job, the layer and every
 // point of the scaling benchmark write.
-#include "launch/summary.hpp"
+#include "launch/cli/summary.hpp"
 
 #include <gtest/gtest.h>
 

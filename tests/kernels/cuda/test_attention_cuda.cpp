@@ -36,7 +36,6 @@ namespace {
 
 using kernels::AttentionState;
 using kernels::CudaKernel;
-using kernels::ElementType;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -80,27 +79,27 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
-float round_to(float x, ElementType t) {
-  if (t == ElementType::bf16) return bf16_to_float(float_to_bf16(x));
-  if (t == ElementType::f16) return __half2float(__float2half_rn(x));
+float round_to(float x, DType t) {
+  if (t == DType::bf16) return bf16_to_float(float_to_bf16(x));
+  if (t == DType::f16) return __half2float(__float2half_rn(x));
   return x;
 }
 
-std::vector<float> rounded(const std::vector<float>& x, ElementType t) {
+std::vector<float> rounded(const std::vector<float>& x, DType t) {
   std::vector<float> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = round_to(x[i], t);
   return y;
 }
 
 // Host bytes of x in the element type.
-std::vector<uint8_t> encode(const std::vector<float>& x, ElementType t) {
-  std::vector<uint8_t> out(x.size() * size_t(kernels::element_bytes(t)));
+std::vector<uint8_t> encode(const std::vector<float>& x, DType t) {
+  std::vector<uint8_t> out(x.size() * size_t(dtype_bytes(t)));
   for (size_t i = 0; i < x.size(); ++i) {
-    if (t == ElementType::f32) {
+    if (t == DType::f32) {
       std::memcpy(&out[4 * i], &x[i], 4);
     } else {
       uint16_t bits;
-      if (t == ElementType::bf16) {
+      if (t == DType::bf16) {
         bits = float_to_bf16(x[i]);
       } else {
         const __half h = __float2half_rn(x[i]);
@@ -132,9 +131,9 @@ struct DeviceProblem {
   DeviceArray<uint8_t> q, k, v, dout;
   DeviceArray<int64_t> q_pos, k_pos;
   DeviceMask mask;
-  ElementType type;
+  DType type;
 
-  DeviceProblem(const Problem& p, ElementType t)
+  DeviceProblem(const Problem& p, DType t)
       : q(encode(p.q, t)),
         k(encode(p.k, t)),
         v(encode(p.v, t)),
@@ -147,13 +146,13 @@ struct DeviceProblem {
   kernels::CudaQueryRows queries(const Problem& p) const { return {q.get(), type, p.rows_q(), q_pos.get()}; }
   // Keys [first, last) of the problem.
   kernels::CudaKeyValueRows keys(const Problem& p, int64_t first, int64_t last) const {
-    const size_t row = size_t(p.dims.kv_heads * p.dims.head_dim * kernels::element_bytes(type));
+    const size_t row = size_t(p.dims.kv_heads * p.dims.head_dim * dtype_bytes(type));
     // The rows of one key chunk are not contiguous across the batch: chunked tests use batch 1.
     return {k.get() + first * row, v.get() + first * row, type, last - first, k_pos.get() + first};
   }
 };
 
-Outputs run_gpu(const Problem& p, ElementType t, CudaKernel kernel, bool backward = true) {
+Outputs run_gpu(const Problem& p, DType t, CudaKernel kernel, bool backward = true) {
   DeviceProblem dp(p, t);
   kernels::CudaOptions opt;
   opt.kernel = kernel;
@@ -179,7 +178,7 @@ Outputs run_gpu(const Problem& p, ElementType t, CudaKernel kernel, bool backwar
 // Plain fp32 attention, row by row. With `round` != f32, P and dS are rounded to that type
 // before the products they enter (O = P V, dV = P^T dO, dQ = dS K, dK = dS^T Q), as the
 // tensor-core kernels do: the same-precision baseline of their tolerance.
-Outputs run_naive(const Problem& p, ElementType round) {
+Outputs run_naive(const Problem& p, DType round) {
   const int64_t B = p.dims.batch, H = p.dims.heads, Hkv = p.dims.kv_heads, D = p.dims.head_dim;
   const int64_t Lq = p.rows_q(), Lk = p.rows_k(), group = H / Hkv;
   const float scale = p.dims.scale;
@@ -267,7 +266,7 @@ void expect_close(const std::string& what, const std::vector<float>& got, const 
 }
 
 struct Variant {
-  ElementType type;
+  DType type;
   CudaKernel kernel;
 };
 
@@ -275,11 +274,11 @@ struct Variant {
 std::vector<Variant> variants(int64_t D, bool with_f32 = true) {
   std::vector<Variant> v;
   const bool tensor = D == 64 || D == 96 || D == 128 || D == 256;
-  for (ElementType t : {ElementType::bf16, ElementType::f16}) {
+  for (DType t : {DType::bf16, DType::f16}) {
     if (tensor) v.push_back({t, CudaKernel::tensor_core});
     v.push_back({t, CudaKernel::simple});
   }
-  if (with_f32) v.push_back({ElementType::f32, CudaKernel::simple});
+  if (with_f32) v.push_back({DType::f32, CudaKernel::simple});
   return v;
 }
 
@@ -289,10 +288,10 @@ void check_problem(const Problem& original) {
     Problem p = original;
     p.q = rounded(p.q, var.type), p.k = rounded(p.k, var.type), p.v = rounded(p.v, var.type);
     p.dout = rounded(p.dout, var.type);
-    const std::string tag = std::string(kernels::element_name(var.type)) + "/" + kernel_name(var.kernel) + " ";
+    const std::string tag = std::string(dtype_name(var.type)) + "/" + kernel_name(var.kernel) + " ";
     const Outputs got = run_gpu(p, var.type, var.kernel);
     const Outputs cpu = run_cpu_kernels(p);
-    const Outputs naive = run_naive(p, ElementType::f32);
+    const Outputs naive = run_naive(p, DType::f32);
     const RefOutputs ref = run_reference(p);
     std::vector<const std::vector<float>*> o_base{&cpu.o, &naive.o}, lse_base{&cpu.lse, &naive.lse},
         dq_base{&cpu.dq, &naive.dq}, dk_base{&cpu.dk, &naive.dk}, dv_base{&cpu.dv, &naive.dv};
@@ -528,7 +527,7 @@ TEST(AttentionCuda, ZigzagShardAgainstMiddleKeysHasEmptyRows) {
   Problem p(1, 2, 2, 64, qp, iota_positions(100, 50));
   p.mask.causal = true;
   check_problem(p);
-  const Outputs got = run_gpu(p, ElementType::f32, CudaKernel::simple);
+  const Outputs got = run_gpu(p, DType::f32, CudaKernel::simple);
   for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(got.lse[size_t(i)], kNegInf);  // queries before every key
 }
 
@@ -552,7 +551,7 @@ TEST(AttentionCuda, HugeScoresStayFinite) {
     r.dout = rounded(r.dout, var.type);
     const Outputs got = run_gpu(r, var.type, var.kernel);
     EXPECT_TRUE(all_finite(got.o) && all_finite(got.dq) && all_finite(got.dk) && all_finite(got.dv))
-        << kernels::element_name(var.type) << "/" << kernel_name(var.kernel);
+        << dtype_name(var.type) << "/" << kernel_name(var.kernel);
   }
   check_problem(p);
 }
@@ -569,14 +568,14 @@ TEST(AttentionCuda, ChunkedForwardAndBackwardEqualOnePass) {
     Problem p = original;
     p.q = rounded(p.q, var.type), p.k = rounded(p.k, var.type), p.v = rounded(p.v, var.type);
     p.dout = rounded(p.dout, var.type);
-    const std::string tag = std::string(kernels::element_name(var.type)) + "/" + kernel_name(var.kernel) + " ";
+    const std::string tag = std::string(dtype_name(var.type)) + "/" + kernel_name(var.kernel) + " ";
     const Outputs whole = run_gpu(p, var.type, var.kernel);
     DeviceProblem dp(p, var.type);
     kernels::CudaOptions opt;
     opt.kernel = var.kernel;
     // The tensor-core kernels round P relative to the running maximum, which depends on where the
     // key blocks start: chunked and whole passes then differ at the element type's rounding level.
-    const double tol = var.kernel == CudaKernel::simple ? 1e-5 : var.type == ElementType::bf16 ? 2e-2 : 4e-3;
+    const double tol = var.kernel == CudaKernel::simple ? 1e-5 : var.type == DType::bf16 ? 2e-2 : 4e-3;
 
     DeviceArray<float> o(std::vector<float>(p.q_elems(), 0.0f)), lse(std::vector<float>(p.lse_elems(), kNegInf));
     for (auto [s, e] : chunks)
@@ -639,7 +638,7 @@ TEST(AttentionCuda, StateOfRowsThatSeeNoNewKeyIsUntouched) {
         EXPECT_EQ(lse_out[size_t(h * 100 + i)], lse_in[size_t(h * 100 + i)]);
         for (int64_t d = 0; d < 64; ++d) {
           const size_t e = size_t((i * 2 + h) * 64 + d);
-          ASSERT_EQ(o_out[e], o_in[e]) << kernels::element_name(var.type) << "/" << kernel_name(var.kernel);
+          ASSERT_EQ(o_out[e], o_in[e]) << dtype_name(var.type) << "/" << kernel_name(var.kernel);
         }
       }
   }
@@ -653,7 +652,7 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   p.mask.causal = true;
   for (const Variant& var : variants(128, false)) {
     const Outputs a = run_gpu(p, var.type, var.kernel), b = run_gpu(p, var.type, var.kernel);
-    const std::string tag = std::string(kernels::element_name(var.type)) + "/" + kernel_name(var.kernel);
+    const std::string tag = std::string(dtype_name(var.type)) + "/" + kernel_name(var.kernel);
     EXPECT_TRUE(a.o == b.o) << tag;
     EXPECT_TRUE(a.dq == b.dq) << tag;
     EXPECT_TRUE(a.dk == b.dk) << tag;
@@ -675,7 +674,7 @@ TEST(AttentionCuda, BackwardAddsKeyBlocksInOrder) {
     p.mask.set_documents({40, 190, 70});
     const int64_t n = (300 + 31) / 32;
     p.mask.set_block_mask(random_block_mask(n, 21, 0.6), n, 32);
-    const ElementType t = D == 96 ? ElementType::f16 : ElementType::bf16;
+    const DType t = D == 96 ? DType::f16 : DType::bf16;
     p.q = rounded(p.q, t), p.k = rounded(p.k, t), p.v = rounded(p.v, t), p.dout = rounded(p.dout, t);
     const Outputs whole = run_gpu(p, t, CudaKernel::tensor_core);
     DeviceProblem dp(p, t);
@@ -773,14 +772,14 @@ TEST(AttentionCuda, KernelChoice) {
   kernels::AttentionDims dims{1, 2, 2, 128, 0.1f};
   alignas(16) static uint8_t buf[64];
   kernels::CudaOptions opt;
-  EXPECT_TRUE(kernels::cuda_tensor_cores_apply(dims, ElementType::bf16, buf, buf, buf));
-  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::f32, buf, buf, buf));
-  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::f16, buf + 2, buf, buf));
+  EXPECT_TRUE(kernels::cuda_tensor_cores_apply(dims, DType::bf16, buf, buf, buf));
+  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, DType::f32, buf, buf, buf));
+  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, DType::f16, buf + 2, buf, buf));
   dims.head_dim = 96;
-  EXPECT_TRUE(kernels::cuda_tensor_cores_apply(dims, ElementType::bf16, buf, buf, buf));
+  EXPECT_TRUE(kernels::cuda_tensor_cores_apply(dims, DType::bf16, buf, buf, buf));
   dims.head_dim = 80;
-  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, ElementType::bf16, buf, buf, buf));
-  EXPECT_EQ(std::string(kernels::cuda_kernel_name(dims, ElementType::bf16, buf, buf, buf, opt)), "simple");
+  EXPECT_FALSE(kernels::cuda_tensor_cores_apply(dims, DType::bf16, buf, buf, buf));
+  EXPECT_EQ(std::string(kernels::cuda_kernel_name(dims, DType::bf16, buf, buf, buf, opt)), "simple");
   EXPECT_TRUE(kernels::cuda_supports_head_dim(256));
   EXPECT_FALSE(kernels::cuda_supports_head_dim(512));
 }

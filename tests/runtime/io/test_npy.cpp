@@ -400,9 +400,9 @@ TEST_F(NpyTest, RejectsMalformedHeaders) {
       {npy_file("{'descr': '|O', 'fortran_order': False, 'shape': (1,)}", "abcdefgh"), "unsupported dtype '|O'"},
       {npy_file("{'descr': '<U3', 'fortran_order': False, 'shape': (1,)}", "abcdefghijkl"), "unsupported dtype '<U3'"},
       {npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}", std::string(23, '\0')),
-       "header claims shape (2, 3) float32 = 24 bytes of data but the file holds 23 bytes after its"},
+       "header claims shape (2, 3) float32 = 24 B of data but the file holds 23 bytes after its"},
       {npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 8, 128), }", std::string(1234, '\0')),
-       "header claims shape (1000000000, 8, 128) float32 = 4.1 TB of data but the file holds 1234 bytes"},
+       "header claims shape (1000000000, 8, 128) float32 = 3.7 TiB of data but the file holds 1234 bytes"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write_file("bad" + std::to_string(i) + ".npy", cases[i].bytes);
@@ -517,7 +517,7 @@ TEST_F(NpyTest, FullDiskFailsWhenReservingAndLeavesNothing) {
   {
     FileSizeLimit limit(4096);
     expect_error<RuntimeFault>([&] { NpyOutput::create(path, "--out", {1024, 1024}); }, "--out " + path,
-                               "cannot reserve 4.19 MB");
+                               "cannot reserve 4.0 MiB");
   }
   EXPECT_TRUE(entries().empty());
 }

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/lora/layer.hpp"
 #include "tests/support/test_util.hpp"
@@ -34,7 +34,7 @@ double median(std::vector<double> v) {
 }
 
 double slowest(comm::Communicator& comm, double seconds) {
-  comm.allreduce(&seconds, 1, comm::DataType::f64, comm::ReduceOp::max);
+  comm.allreduce(&seconds, 1, DType::f64, comm::ReduceOp::max);
   return seconds;
 }
 
@@ -103,13 +103,13 @@ int main(int argc, char** argv) {
     auto parts = [&] {
       double t = 0;
       for (int p = 0; p < kProjections; ++p) {
-        const comm::Stopwatch w;
+        const Stopwatch w;
         projection_forward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), N,
                            proj_out.data(), u.data(), u.data());
         t += w.seconds();
       }
       comm->barrier();
-      const comm::Stopwatch a;
+      const Stopwatch a;
       context.forward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data());
       context.backward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(),
                        dv.data());
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       for (int p = kProjections - 1; p >= 0; --p) {
         const ProjectionShape& s = whole[size_t(p)].shape;
         std::fill(grads.begin(), grads.end(), 0.0f);
-        const comm::Stopwatch w;
+        const Stopwatch w;
         projection_backward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), u.data(),
                             p == kOutput ? dy.data() : p == kQuery ? dq.data() : dk.data(), N,
                             p == kOutput ? proj_out.data() : dx.data(), p != kValue && p != kOutput, grads.data(),
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     };
     auto whole_layer = [&] {
       comm->barrier();
-      const comm::Stopwatch t;
+      const Stopwatch t;
       layer.forward(x.data(), y.data());  // (host memory: the CPU backend's)
       layer.backward(x.data(), dy.data(), dx.data());
       return slowest(*comm, t.seconds());

@@ -439,7 +439,7 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   EXPECT_LE(mine, full / size_t(P) + slack);
   EXPECT_GE(mine + slack, full / size_t(P));
   uint64_t sum = mine;
-  world->comm->allreduce(&sum, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  world->comm->allreduce(&sum, 1, DType::i64, comm::ReduceOp::sum);
   EXPECT_EQ(sum, full);  // every parameter held exactly once
   const std::vector<float> x(layer.activation_elements(), 0.5f);
   backward(layer, x, forward(layer, x));

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "launch/npy_outputs.hpp"
+#include "launch/cli/npy_outputs.hpp"
 #include "runtime/io/safetensors_output.hpp"
 #include "runtime/lora/layer.hpp"
 

@@ -1,4 +1,4 @@
-#include "launch/cpu_binding.hpp"
+#include "launch/cli/cpu_binding.hpp"
 
 #include <sched.h>
 
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 
@@ -26,9 +26,9 @@ std::string cores(int n) { return std::to_string(n) + (n == 1 ? " core" : " core
 // The smallest value over the ranks, and the lowest rank holding it.
 std::pair<int, int> smallest(comm::Communicator& comm, int value) {
   int least = value;
-  comm.allreduce(&least, 1, comm::DataType::i32, comm::ReduceOp::min);
+  comm.allreduce(&least, 1, DType::i32, comm::ReduceOp::min);
   int who = value == least ? comm.rank() : INT_MAX;
-  comm.allreduce(&who, 1, comm::DataType::i32, comm::ReduceOp::min);
+  comm.allreduce(&who, 1, DType::i32, comm::ReduceOp::min);
   return {least, who};
 }
 
@@ -40,14 +40,14 @@ void report_thread_binding(comm::Communicator& comm, int threads, bool threads_g
   // A rank confined to fewer cores than the node has: mpirun's binding (or taskset), which a
   // different mapping lifts; otherwise the node itself has too few cores.
   int bound = short_of_cores && own < ctx.hardware_threads;
-  comm.allreduce(&bound, 1, comm::DataType::i32, comm::ReduceOp::max);
+  comm.allreduce(&bound, 1, DType::i32, comm::ReduceOp::max);
   const auto [least, who] = smallest(comm, short_of_cores ? own : INT_MAX);
   // The default was held below the node's share of cores by the launcher's binding (not by a
   // container's CPU set, which a different mapping would not lift: only under a launcher).
   const bool launched =
       std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_STEP_ID");
   int held = launched && !threads_given && own < ctx.hardware_threads / std::max(1, ctx.local_ranks);
-  comm.allreduce(&held, 1, comm::DataType::i32, comm::ReduceOp::max);
+  comm.allreduce(&held, 1, DType::i32, comm::ReduceOp::max);
   if (comm.rank() != 0) return;
   const int share = std::max(1, ctx.hardware_threads / std::max(1, ctx.local_ranks));
   if (least != INT_MAX) {

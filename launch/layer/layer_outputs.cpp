@@ -1,11 +1,11 @@
-#include "launch/layer_outputs.hpp"
+#include "launch/layer/layer_outputs.hpp"
 
 #include <filesystem>
 #include <optional>
 
-#include "launch/job_control.hpp"
-#include "launch/context.hpp"
-#include "launch/json.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/context.hpp"
+#include "launch/cli/json.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/lora/weights.hpp"
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "launch/context.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/context.hpp"
+#include "launch/cli/options_util.hpp"
 #include "ringattn/ringattn.hpp"
 
 namespace ringattn {

@@ -9,10 +9,10 @@
 #include <string>
 
 #include "kernels/attention.hpp"
-#include "launch/context.hpp"
-#include "launch/execution.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/context.hpp"
+#include "launch/cli/execution.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/io/npy.hpp"
 #include "runtime/ring_plan.hpp"

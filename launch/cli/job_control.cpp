@@ -1,4 +1,4 @@
-#include "launch/job_control.hpp"
+#include "launch/cli/job_control.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -42,7 +42,7 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase) 
     message = message_of(e);
   }
   int worst = code;
-  comm.allreduce(&worst, 1, comm::DataType::i32, comm::ReduceOp::max);
+  comm.allreduce(&worst, 1, DType::i32, comm::ReduceOp::max);
   if (worst == 0) return;
 
   // Share the messages (bounded length) so rank 0 prints each distinct one once.

@@ -1,8 +1,8 @@
-#include "launch/npy_outputs.hpp"
+#include "launch/cli/npy_outputs.hpp"
 
 #include <optional>
 
-#include "launch/job_control.hpp"
+#include "launch/cli/job_control.hpp"
 
 namespace ringattn {
 

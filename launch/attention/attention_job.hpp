@@ -1,7 +1,7 @@
 // `ringattn [attention]`: the main job (SPEC.md "Command line").
 #pragma once
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 

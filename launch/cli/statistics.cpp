@@ -1,4 +1,4 @@
-#include "launch/statistics.hpp"
+#include "launch/cli/statistics.hpp"
 
 #include <algorithm>
 #include <cstddef>

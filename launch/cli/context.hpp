@@ -15,7 +15,7 @@ struct LaunchContext {
   int local_rank = 0;   // among the ranks on this node
   int local_ranks = 1;  // ranks on this node
   int hardware_threads = 1;  // the node's
-  int affinity_cpus = 1;     // those this rank may run on (launch/cpu_binding.hpp)
+  int affinity_cpus = 1;     // those this rank may run on (launch/cli/cpu_binding.hpp)
   std::vector<std::string> args;  // the subcommand's arguments (without the program and subcommand names)
 
   // Default --threads: the cores this rank may run on, at most the node's hardware threads shared

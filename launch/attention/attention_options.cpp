@@ -1,4 +1,4 @@
-#include "launch/attention_options.hpp"
+#include "launch/attention/attention_options.hpp"
 
 #include <unistd.h>
 
@@ -10,10 +10,11 @@
 #include <tuple>
 
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/options_util.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/ulysses_attention.hpp"
+#include "util/format.hpp"
 
 namespace po = boost::program_options;
 
@@ -61,12 +62,6 @@ po::options_description describe_attention_options(Options& o) {
 }
 
 namespace {
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "(";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + ")";
-}
 
 // The same file named twice among the outputs, or an output that would replace an input, loses
 // data: refused. Paths are compared after resolving '.', '..' and symbolic links.
@@ -147,14 +142,14 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     const auto qs = as_bshd(*job.q_info), ks = as_bshd(*job.k_info), vs = as_bshd(*job.v_info);
     B = qs[0], L = qs[1], H = qs[2], D = qs[3], Hkv = ks[2];
     if (ks != vs)
-      throw UsageError("--k " + o.k + " has shape " + shape_text(job.k_info->shape) + " but --v " + o.v + " has " +
-                       shape_text(job.v_info->shape));
+      throw UsageError("--k " + o.k + " has shape " + format_shape(job.k_info->shape) + " but --v " + o.v + " has " +
+                       format_shape(job.v_info->shape));
     if (ks[0] != B || ks[1] != L || ks[3] != D)
-      throw UsageError("--q " + o.q + " has shape " + shape_text(job.q_info->shape) + " but --k " + o.k + " has " +
-                       shape_text(job.k_info->shape) + ": batch, length and head dim must agree");
+      throw UsageError("--q " + o.q + " has shape " + format_shape(job.q_info->shape) + " but --k " + o.k + " has " +
+                       format_shape(job.k_info->shape) + ": batch, length and head dim must agree");
     if (B < 1 || L < 1 || H < 1 || Hkv < 1 || D < 1)
-      throw UsageError("--q " + o.q + " has shape " + shape_text(job.q_info->shape) + " and --k " + o.k + " " +
-                       shape_text(job.k_info->shape) + ": every dimension must be positive");
+      throw UsageError("--q " + o.q + " has shape " + format_shape(job.q_info->shape) + " and --k " + o.k + " " +
+                       format_shape(job.k_info->shape) + ": every dimension must be positive");
     // The shapes come from the files; a shape flag may restate them (scripts often do), never differ.
     const std::tuple<const char*, int64_t, int64_t> from_files[] = {
         {"batch", o.batch, B}, {"seq-len", o.seq_len, L}, {"heads", o.heads, H},
@@ -163,8 +158,8 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
       if (!given(vm, name)) continue;
       if (flag != value)
         throw UsageError(std::string("--") + name + " " + std::to_string(flag) + " disagrees with the input files (--q " +
-                         o.q + " " + shape_text(job.q_info->shape) + ", --k " + o.k + " " +
-                         shape_text(job.k_info->shape) + "), which give " + std::to_string(value));
+                         o.q + " " + format_shape(job.q_info->shape) + ", --k " + o.k + " " +
+                         format_shape(job.k_info->shape) + "), which give " + std::to_string(value));
     }
   } else {
     const std::pair<const char*, int64_t> dims[] = {
@@ -194,8 +189,8 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
     if (!job.files) throw UsageError("--dout needs --q/--k/--v files (use --backward for random dO)");
     job.dout_info = inspect_npy(o.dout, "--dout");
     if (as_bshd(*job.dout_info) != as_bshd(*job.q_info))
-      throw UsageError("--dout " + o.dout + " has shape " + shape_text(job.dout_info->shape) + " but --q " + o.q + " has " +
-                       shape_text(job.q_info->shape));
+      throw UsageError("--dout " + o.dout + " has shape " + format_shape(job.dout_info->shape) + " but --q " + o.q + " has " +
+                       format_shape(job.q_info->shape));
   }
   job.backward = o.backward || !o.dout.empty();
   if (!job.backward && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty()))
@@ -237,9 +232,9 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
 // differs between nodes would make the ranks compute different problems).
 std::string resolved_lines(const Job& job, const Mask& mask) {
   std::string s = "shape=(B, L, H, Hkv, D) = " +
-                  shape_text({job.dims.batch, job.seq_len, job.dims.heads, job.dims.kv_heads, job.dims.head_dim}) + "\n";
+                  format_shape({job.dims.batch, job.seq_len, job.dims.heads, job.dims.kv_heads, job.dims.head_dim}) + "\n";
   for (const auto* info : {&job.q_info, &job.k_info, &job.v_info, &job.dout_info})
-    if (*info) s += (*info)->label + " " + (*info)->path + "=" + (*info)->descr + " " + shape_text((*info)->shape) + "\n";
+    if (*info) s += (*info)->label + " " + (*info)->path + "=" + (*info)->descr + " " + format_shape((*info)->shape) + "\n";
   // FNV-1a of the mask's data: documents and block mask, as read on this rank.
   uint64_t h = 14695981039346656037ull;
   auto mix = [&](const void* p, size_t n) {

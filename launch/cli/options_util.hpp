@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {

@@ -1,4 +1,4 @@
-#include "launch/execution.hpp"
+#include "launch/cli/execution.hpp"
 
 #include <stdexcept>
 

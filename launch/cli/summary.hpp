@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "launch/json.hpp"
+#include "launch/cli/json.hpp"
 
 namespace ringattn {
 

@@ -1,4 +1,4 @@
-#include "launch/attention_job.hpp"
+#include "launch/attention/attention_job.hpp"
 
 #include <unistd.h>
 
@@ -10,19 +10,19 @@
 #include <memory>
 #include <optional>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/attention_options.hpp"
-#include "launch/cpu_binding.hpp"
-#include "launch/execution.hpp"
-#include "launch/job_control.hpp"
-#include "launch/job_util.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/npy_outputs.hpp"
-#include "launch/options_util.hpp"
-#include "launch/statistics.hpp"
-#include "launch/summary.hpp"
-#include "launch/test_hook.hpp"
+#include "launch/attention/attention_options.hpp"
+#include "launch/cli/cpu_binding.hpp"
+#include "launch/cli/execution.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/job_util.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/npy_outputs.hpp"
+#include "launch/cli/options_util.hpp"
+#include "launch/cli/statistics.hpp"
+#include "launch/cli/summary.hpp"
+#include "launch/cli/test_hook.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/check.hpp"
 #include "runtime/errors.hpp"
@@ -32,6 +32,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "ringattn/ringattn.hpp"
 #include "runtime/api/arguments.hpp"
+#include "util/format.hpp"
 
 namespace po = boost::program_options;
 
@@ -111,7 +112,7 @@ class ProgressLine {
   int passes_;
   std::vector<double> weights_;
   double total_ = 0.0;
-  comm::Stopwatch clock_;  // from the start of the first pass
+  Stopwatch clock_;  // from the start of the first pass
   double shown_ = -1e9;
 };
 
@@ -259,20 +260,20 @@ int run_attention(LaunchContext& ctx) {
         ++pass;
         stage = "after the forward pass" + repetition;
         double t = f.seconds;
-        comm.allreduce(&t, 1, comm::DataType::f64, comm::ReduceOp::max);
+        comm.allreduce(&t, 1, DType::f64, comm::ReduceOp::max);
         if (timed) {
           fwd_times.push_back(t);
           double frac[2] = {f.wait_seconds / std::max(f.seconds, 1e-12), 0.0};
           frac[1] = frac[0];
-          comm.allreduce(&frac[0], 1, comm::DataType::f64, comm::ReduceOp::sum);
-          comm.allreduce(&frac[1], 1, comm::DataType::f64, comm::ReduceOp::max);
+          comm.allreduce(&frac[0], 1, DType::f64, comm::ReduceOp::sum);
+          comm.allreduce(&frac[1], 1, DType::f64, comm::ReduceOp::max);
           wait_fraction_sum += frac[0] / P;
           wait_fraction_max = std::max(wait_fraction_max, frac[1]);
           uint64_t sent = f.bytes_sent;
-          comm.allreduce(&sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
+          comm.allreduce(&sent, 1, DType::i64, comm::ReduceOp::sum);
           bytes_sent = sent;
           uint64_t a2a = f.a2a_bytes_sent;
-          comm.allreduce(&a2a, 1, comm::DataType::i64, comm::ReduceOp::sum);
+          comm.allreduce(&a2a, 1, DType::i64, comm::ReduceOp::sum);
           a2a_bytes_sent = a2a;
         }
         if (!job.backward) continue;
@@ -285,7 +286,7 @@ int run_attention(LaunchContext& ctx) {
         ++pass;
         stage = "after the backward pass" + repetition;
         double tb = b.seconds;
-        comm.allreduce(&tb, 1, comm::DataType::f64, comm::ReduceOp::max);
+        comm.allreduce(&tb, 1, DType::f64, comm::ReduceOp::max);
         if (timed) bwd_times.push_back(tb);
       }
     } catch (const comm::CommError& e) {
@@ -321,10 +322,10 @@ int run_attention(LaunchContext& ctx) {
 
   // Work and traffic, summed over ranks.
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), job.seq_len);
-  comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&pairs, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&needed, 1, DType::i64, comm::ReduceOp::sum);
   uint64_t rss = peak_rss_bytes();
-  comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
+  comm.allreduce(&rss, 1, DType::i64, comm::ReduceOp::max);
   const double flops = 4.0 * double(B) * double(H) * double(D) * double(pairs);
   const double fwd_s = median_of(fwd_times), bwd_s = job.backward ? median_of(bwd_times) : 0.0;
   const double gflops_rank = rate_per_rank(flops, fwd_s, P);

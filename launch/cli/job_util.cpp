@@ -1,4 +1,4 @@
-#include "launch/job_util.hpp"
+#include "launch/cli/job_util.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -32,15 +32,6 @@ const float* host_floats(AttentionBackend& backend, const DeviceBuffer& buf, std
   if (backend.memory() == comm::MemorySpace::host) return buf.as<float>();
   storage = download(backend, buf);
   return storage.data();
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-  return buf;
 }
 
 std::string cpu_model() {

@@ -1,4 +1,4 @@
-#include "launch/summary.hpp"
+#include "launch/cli/summary.hpp"
 
 namespace ringattn {
 

@@ -21,9 +21,6 @@ std::vector<float> download(AttentionBackend& backend, const DeviceBuffer& buf);
 // memory is the host's (no copy), else a copy downloaded into `storage`.
 const float* host_floats(AttentionBackend& backend, const DeviceBuffer& buf, std::vector<float>& storage);
 
-// "12.3 MiB"
-std::string human_bytes(double bytes);
-
 // The CPU's model name from /proc/cpuinfo ("unknown CPU" elsewhere).
 std::string cpu_model();
 

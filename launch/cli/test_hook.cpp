@@ -1,4 +1,4 @@
-#include "launch/test_hook.hpp"
+#include "launch/cli/test_hook.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include <unistd.h>
 
-#include "launch/mask_options.hpp"
+#include "launch/cli/mask_options.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {

@@ -1,9 +1,9 @@
-// Monotonic time in seconds, for timeouts, emulated links and measurements.
+// Monotonic time in seconds, for timeouts, emulated links and measurements (every layer).
 #pragma once
 
 #include <chrono>
 
-namespace ringattn::comm {
+namespace ringattn {
 
 // Seconds on std::chrono::steady_clock (never jumps with the wall clock) from an arbitrary origin.
 inline double now_seconds() {
@@ -20,4 +20,4 @@ class Stopwatch {
   double start_;
 };
 
-}  // namespace ringattn::comm
+}  // namespace ringattn

@@ -1,4 +1,4 @@
-#include "launch/mask_options.hpp"
+#include "launch/cli/mask_options.hpp"
 
 #include <algorithm>
 #include <charconv>

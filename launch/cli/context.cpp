@@ -1,4 +1,4 @@
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 #include <fcntl.h>
 #include <sys/resource.h>

@@ -1,4 +1,4 @@
-#include "launch/layer_job.hpp"
+#include "launch/layer/layer_job.hpp"
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -13,16 +13,16 @@
 #include <sstream>
 #include <utility>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/cpu_binding.hpp"
-#include "launch/execution.hpp"
-#include "launch/job_control.hpp"
-#include "launch/job_util.hpp"
-#include "launch/layer_outputs.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
-#include "launch/summary.hpp"
+#include "launch/cli/cpu_binding.hpp"
+#include "launch/cli/execution.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/job_util.hpp"
+#include "launch/layer/layer_outputs.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
+#include "launch/cli/summary.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/lora/demo.hpp"
 #include "runtime/lora/layer.hpp"
@@ -31,6 +31,7 @@
 #include "runtime/lora/weights.hpp"
 #include "runtime/ulysses_attention.hpp"
 #include "runtime/io/npy.hpp"
+#include "util/format.hpp"
 
 namespace po = boost::program_options;
 
@@ -161,17 +162,11 @@ struct LayerJob {
   bool backward = false;  // one backward pass with --dy (not training)
 };
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t;
-  for (int64_t v : s) t += (t.empty() ? "(" : ", ") + std::to_string(v);
-  return t + ")";
-}
-
 // An input of the shape of X, or a UsageError naming the option.
 NpyInfo inspect_like_x(const std::string& path, const std::string& label, const NpyInfo& x) {
   NpyInfo info = inspect_npy(path, label);
   if (info.shape != x.shape)
-    throw UsageError(label + " " + path + ": shape " + shape_text(info.shape) + " but --x has " + shape_text(x.shape));
+    throw UsageError(label + " " + path + ": shape " + format_shape(info.shape) + " but --x has " + format_shape(x.shape));
   return info;
 }
 
@@ -241,7 +236,7 @@ LayerJob resolve(const Options& given_options, const po::variables_map& vm, cons
     const std::vector<int64_t>& xs = job.x_info->shape;
     if (xs.size() != 2 && xs.size() != 3)
       throw UsageError("--x " + o.x + ": expected a (B, L, d_model) or (L, d_model) array, got shape " +
-                       shape_text(xs));
+                       format_shape(xs));
     c.batch = xs.size() == 3 ? xs[0] : 1;
     c.seq_len = xs[xs.size() - 2];
     c.d_model = xs.back();
@@ -324,7 +319,7 @@ bool merge_to_safetensors(const std::string& path) {
 }
 
 double max_over_ranks(comm::Communicator& comm, double v) {
-  comm.allreduce(&v, 1, comm::DataType::f64, comm::ReduceOp::max);
+  comm.allreduce(&v, 1, DType::f64, comm::ReduceOp::max);
   return v;
 }
 
@@ -393,7 +388,7 @@ LayerCheck check_layer(const LaunchContext& ctx, LoraLayer& layer, const LayerCo
       e[1] = std::max(e[1], std::abs(double(want[i])));
       if (std::isnan(got[i]) != std::isnan(want[i])) e[0] = std::numeric_limits<double>::infinity();
     }
-    comm.allreduce(e, 2, comm::DataType::f64, comm::ReduceOp::max);
+    comm.allreduce(e, 2, DType::f64, comm::ReduceOp::max);
     check.tensors.push_back({what, e[0], e[1]});
     check.passed = check.passed && check.tensors.back().relative() <= check.tolerance;
   };
@@ -479,7 +474,7 @@ int run_layer(LaunchContext& ctx) {
   const bool demo = o.demo;
   std::vector<double> losses;
   double train_seconds = 0.0;
-  comm::Stopwatch step_clock;
+  Stopwatch step_clock;
   auto print_step = [&](int step, double loss) {
     losses.push_back(loss);
     if (rank == 0) std::printf("%7d  %14.6e  %8.3f\n", step, loss, step_clock.seconds()), std::fflush(stdout);
@@ -528,7 +523,7 @@ int run_layer(LaunchContext& ctx) {
   std::vector<std::vector<float>> merged(kProjections);
   std::optional<LayerCheck> check;
   try {
-    const comm::Stopwatch train_clock;
+    const Stopwatch train_clock;
     if (demo) {
       DemoOptions d;
       d.steps = o.steps, d.optimizer = job.optimizer, d.seed = o.seed, d.teacher_change = o.demo_change;
@@ -603,18 +598,18 @@ int run_layer(LaunchContext& ctx) {
   const double gathered = max_over_ranks(comm, double(layer->peak_gathered_bytes()));
   const double rss = max_over_ranks(comm, double(peak_rss_bytes()));
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), c.seq_len);
-  comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&pairs, 1, DType::i64, comm::ReduceOp::sum);
   const double flops = 4.0 * double(c.batch * c.heads * c.head_dim()) * double(pairs);
   double proj_flops = layer->projection_flops_forward();
-  comm.allreduce(&proj_flops, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  comm.allreduce(&proj_flops, 1, DType::f64, comm::ReduceOp::sum);
   const bool ran_backward = job.backward || o.steps > 0;
   // The attention's K/V traffic (forward) and the share of the forward spent waiting for data
   // (K/V or parameters), averaged over ranks.
   uint64_t kv_sent = fwd.attention.bytes_sent, kv_needed = fwd.attention.bytes_needed;
-  comm.allreduce(&kv_sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&kv_needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&kv_sent, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&kv_needed, 1, DType::i64, comm::ReduceOp::sum);
   double exposed = fwd.seconds > 0 ? (fwd.attention.wait_seconds + fwd.gather_wait_seconds) / fwd.seconds : 0.0;
-  comm.allreduce(&exposed, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  comm.allreduce(&exposed, 1, DType::f64, comm::ReduceOp::sum);
   if (rank != 0) return kExitOk;
 
   if (!losses.empty())

@@ -1,4 +1,4 @@
-#include "launch/options_util.hpp"
+#include "launch/cli/options_util.hpp"
 
 #include <boost/any.hpp>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-#include "launch/job_control.hpp"
+#include "launch/cli/job_control.hpp"
 #include "runtime/errors.hpp"
 
 namespace po = boost::program_options;

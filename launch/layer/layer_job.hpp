@@ -2,7 +2,7 @@
 // forward, backward, merged weights, training steps, and the teacher/student demo.
 #pragma once
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 
