@@ -13,14 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "ringattn/errors.hpp"
 #include "util/dtype.hpp"
 
 namespace ringattn::comm {
 
-// A communication fault: peer lost, timeout, transport error (exit code 4 at the top).
-class CommError : public std::runtime_error {
+// A communication fault: peer lost, timeout, transport error (a Fault: exit code 4 at the top).
+class CommError : public Fault {
  public:
-  using std::runtime_error::runtime_error;
+  using Fault::Fault;
 };
 
 enum class ReduceOp : uint8_t { sum, max, min };
@@ -33,10 +34,9 @@ struct Request {
   bool valid() const { return id >= 0; }
 };
 
-// Delays transfers as a slower link would (bandwidth in GB/s = 1e9 bytes/s, latency in
-// microseconds), so one machine can show how overlap behaves when the network is the
-// bottleneck. A message of n bytes posted at t completes no earlier than
-// t + latency + n / bandwidth. Zero means "not emulated".
+// A slower link's parameters (bandwidth in GB/s = 1e9 bytes/s, latency in microseconds), which
+// EmulatedLinkCommunicator (comm/emulated_link_communicator.hpp) emulates. Zero means "not
+// emulated".
 struct LinkEmulation {
   double gbps = 0.0;
   double latency_us = 0.0;
@@ -143,9 +143,6 @@ class Communicator {
 
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
-  // Only the MPI communicator emulates links; others ignore it.
-  virtual void set_link_emulation(const LinkEmulation& link) { link_ = link; }
-  const LinkEmulation& link_emulation() const { return link_; }
 
   // Counters: payload bytes posted by isend and post_step, and seconds blocked in wait() and
   // wait_step() (time in collectives is not counted: wait_seconds is the time compute waited for
@@ -159,7 +156,6 @@ class Communicator {
 
  protected:
   double timeout_s_ = 300.0;
-  LinkEmulation link_;
   uint64_t bytes_sent_ = 0;
   double wait_seconds_ = 0.0;
   int64_t steps_posted_ = 0;

@@ -203,9 +203,4 @@ std::unique_ptr<Communicator> HostStagedCommunicator::split(int color, int key) 
   return staged;
 }
 
-void HostStagedCommunicator::set_link_emulation(const LinkEmulation& link) {
-  Communicator::set_link_emulation(link);
-  inner_->set_link_emulation(link);
-}
-
 }  // namespace ringattn::comm

@@ -55,7 +55,6 @@ class HostStagedCommunicator final : public Communicator {
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::vector<int> node_of_ranks() override { return inner_->node_of_ranks(); }
-  void set_link_emulation(const LinkEmulation& link) override;
 
   Communicator& inner() { return *inner_; }
 

@@ -18,7 +18,7 @@ namespace ringattn {
 namespace {
 
 [[noreturn]] void fail(cudaError_t e, const std::string& what) {
-  throw RuntimeFault("CUDA backend: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  throw Fault("CUDA backend: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
 void check(cudaError_t e, const char* what) {
@@ -242,7 +242,7 @@ bool cuda_device_available() { return cuda_device_count() > 0; }
 std::unique_ptr<AttentionBackend> make_cuda_backend(int device) {
   const int n = cuda_device_count();
   if (device < 0 || device >= n)
-    throw RuntimeFault("--backend cuda: device " + std::to_string(device) + " requested, " + std::to_string(n) +
+    throw Fault("CUDA device " + std::to_string(device) + " requested, " + std::to_string(n) +
                        " CUDA device(s) visible");
   return std::make_unique<CudaBackend>(device);
 }

@@ -77,11 +77,11 @@ void refuse_clashing_paths(const std::vector<std::pair<const char*, std::string>
     const std::string out = key(outputs[i].second);
     for (size_t j = 0; j < i; ++j)
       if (!outputs[j].second.empty() && key(outputs[j].second) == out)
-        throw UsageError(std::string("--") + outputs[i].first + " " + outputs[i].second + ": the same file as --" +
+        throw usage_error(std::string("--") + outputs[i].first + " " + outputs[i].second + ": the same file as --" +
                          outputs[j].first + " " + outputs[j].second + " (one would overwrite the other)");
     for (const auto& [name, path] : inputs)
       if (!path.empty() && key(path) == out)
-        throw UsageError(std::string("--") + outputs[i].first + " " + outputs[i].second + ": the same file as the input --" +
+        throw usage_error(std::string("--") + outputs[i].first + " " + outputs[i].second + ": the same file as the input --" +
                          name + " (writing it would replace the input)");
   }
 }
@@ -93,19 +93,19 @@ void refuse_unwritable_outputs(const std::vector<std::pair<const char*, std::str
     if (path.empty()) continue;
     const std::string where = std::string("--") + name + " " + path + ": ";
     std::error_code ec;
-    if (fs::is_directory(path, ec)) throw UsageError(where + "is a directory");
+    if (fs::is_directory(path, ec)) throw usage_error(where + "is a directory");
     const fs::path parent = fs::path(path).parent_path();
     const std::string folder = parent.empty() ? "." : parent.string();
-    if (!fs::is_directory(folder, ec)) throw UsageError(where + "the folder " + folder + " does not exist");
+    if (!fs::is_directory(folder, ec)) throw usage_error(where + "the folder " + folder + " does not exist");
     if (::access(folder.c_str(), W_OK | X_OK) != 0)
-      throw UsageError(where + "cannot write in the folder " + folder + " (" + std::strerror(errno) + ")");
+      throw usage_error(where + "cannot write in the folder " + folder + " (" + std::strerror(errno) + ")");
   }
 }
 
 // Options that would have no effect in this job are refused with the reason, never ignored.
 void refuse_unused_options(const Options& o, const po::variables_map& vm, bool files, bool backward) {
   auto refuse = [&](const char* name, const std::string& why) {
-    if (given(vm, name)) throw UsageError(std::string("--") + name + " " + why);
+    if (given(vm, name)) throw usage_error(std::string("--") + name + " " + why);
   };
   if (files && !(backward && o.dout.empty()) && !o.check && o.mask.bigbird.empty())
     refuse("seed", "has no effect here: it seeds random inputs, random dO (--backward), --bigbird masks and the "
@@ -121,94 +121,94 @@ void refuse_unused_options(const Options& o, const po::variables_map& vm, bool f
 std::vector<int64_t> as_bshd(const NpyInfo& info) {
   if (info.shape.size() == 4) return info.shape;
   if (info.shape.size() == 3) return {1, info.shape[0], info.shape[1], info.shape[2]};
-  throw UsageError(info.label + " " + info.path + ": expected a (B, L, H, D) or (L, H, D) array, got " +
+  throw usage_error(info.label + " " + info.path + ": expected a (B, L, H, D) or (L, H, D) array, got " +
                    std::to_string(info.shape.size()) + " dimensions");
 }
+
+kernels::AttentionDims Job::dims() const {
+  return kernels::AttentionDims{shard.batch, shard.heads, shard.kv_heads, shard.head_dim,
+                                api::softmax_scale(spec, shard.head_dim)};
+}
+
+std::map<std::string, std::string, std::less<>> file_argument_names(const Options& o) {
+  if (o.q.empty() || o.k.empty()) return {};
+  const std::string q = "--q " + o.q + "'s ", k = "--k " + o.k + "'s ";
+  return {{"batch", q + "batch"}, {"seq_len", q + "length"}, {"heads", q + "heads"}, {"head_dim", q + "head dim"},
+          {"kv_heads", k + "heads"}};
+}
+
+namespace {
+
+// The shape from the input files, each restated shape flag checked against it.
+void shape_from_files(Job& job, const Options& o, const po::variables_map& vm) {
+  job.q_info = inspect_npy(o.q, "--q");
+  job.k_info = inspect_npy(o.k, "--k");
+  job.v_info = inspect_npy(o.v, "--v");
+  const auto qs = as_bshd(*job.q_info), ks = as_bshd(*job.k_info), vs = as_bshd(*job.v_info);
+  if (ks != vs)
+    throw usage_error("--k " + o.k + " has shape " + format_shape(job.k_info->shape) + " but --v " + o.v + " has " +
+                      format_shape(job.v_info->shape));
+  if (ks[0] != qs[0] || ks[1] != qs[1] || ks[3] != qs[3])
+    throw usage_error("--q " + o.q + " has shape " + format_shape(job.q_info->shape) + " but --k " + o.k + " has " +
+                      format_shape(job.k_info->shape) + ": batch, length and head dim must agree");
+  job.shard = Shard{qs[0], 0, qs[2], ks[2], qs[3], ElementType::float32};
+  job.seq_len = qs[1];
+  // A shape flag may restate the files (scripts often do), never differ.
+  const std::tuple<const char*, int64_t, int64_t> from_files[] = {
+      {"batch", o.batch, qs[0]}, {"seq-len", o.seq_len, qs[1]}, {"heads", o.heads, qs[2]},
+      {"kv-heads", o.kv_heads ? o.kv_heads : qs[2], ks[2]}, {"head-dim", o.head_dim, qs[3]}};
+  for (const auto& [name, flag, value] : from_files)
+    if (given(vm, name) && flag != value)
+      throw usage_error(std::string("--") + name + " " + std::to_string(flag) + " disagrees with the input files (--q " +
+                        o.q + " " + format_shape(job.q_info->shape) + ", --k " + o.k + " " +
+                        format_shape(job.k_info->shape) + "), which give " + std::to_string(value));
+  if (!o.dout.empty()) {
+    job.dout_info = inspect_npy(o.dout, "--dout");
+    if (as_bshd(*job.dout_info) != qs)
+      throw usage_error("--dout " + o.dout + " has shape " + format_shape(job.dout_info->shape) + " but --q " + o.q +
+                        " has " + format_shape(job.q_info->shape));
+  }
+}
+
+// The shape of random inputs.
+void shape_from_flags(Job& job, const Options& o) {
+  if (o.kv_heads < 0) throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + " must be positive (or 0 for --heads)");
+  job.shard = Shard{o.batch, 0, o.heads, o.kv_heads ? o.kv_heads : o.heads, o.head_dim, ElementType::float32};
+  job.seq_len = o.seq_len;
+  // The largest tensor's byte count must fit in 64 bits (files were checked when inspected).
+  int64_t bytes = 4;
+  for (int64_t d : {o.batch, o.seq_len, std::max(o.heads, job.shard.kv_heads), o.head_dim})
+    if (d > 0 && __builtin_mul_overflow(bytes, d, &bytes))
+      throw usage_error("--batch " + std::to_string(o.batch) + " --seq-len " + std::to_string(o.seq_len) + " --heads " +
+                        std::to_string(o.heads) + " --head-dim " + std::to_string(o.head_dim) +
+                        ": the tensors are too large to address");
+}
+
+}  // namespace
 
 Job resolve_attention_job(const Options& o, const po::variables_map& vm, const LaunchContext& ctx) {
   Job job;
   job.opt = o;
-  const int P = ctx.world.size();
   job.files = !o.q.empty() || !o.k.empty() || !o.v.empty();
   if (job.files && (o.q.empty() || o.k.empty() || o.v.empty()))
-    throw UsageError("--q, --k and --v go together: give all three files, or none for random inputs");
+    throw usage_error("--q, --k and --v go together: give all three files, or none for random inputs");
   if (!o.dout.empty() && o.backward)
-    throw UsageError("--dout and --backward both ask for a backward pass: --dout FILE uses that dO, --backward a random one; give one");
-  int64_t B = o.batch, L = o.seq_len, H = o.heads, Hkv = o.kv_heads ? o.kv_heads : o.heads, D = o.head_dim;
-  if (job.files) {
-    job.q_info = inspect_npy(o.q, "--q");
-    job.k_info = inspect_npy(o.k, "--k");
-    job.v_info = inspect_npy(o.v, "--v");
-    const auto qs = as_bshd(*job.q_info), ks = as_bshd(*job.k_info), vs = as_bshd(*job.v_info);
-    B = qs[0], L = qs[1], H = qs[2], D = qs[3], Hkv = ks[2];
-    if (ks != vs)
-      throw UsageError("--k " + o.k + " has shape " + format_shape(job.k_info->shape) + " but --v " + o.v + " has " +
-                       format_shape(job.v_info->shape));
-    if (ks[0] != B || ks[1] != L || ks[3] != D)
-      throw UsageError("--q " + o.q + " has shape " + format_shape(job.q_info->shape) + " but --k " + o.k + " has " +
-                       format_shape(job.k_info->shape) + ": batch, length and head dim must agree");
-    if (B < 1 || L < 1 || H < 1 || Hkv < 1 || D < 1)
-      throw UsageError("--q " + o.q + " has shape " + format_shape(job.q_info->shape) + " and --k " + o.k + " " +
-                       format_shape(job.k_info->shape) + ": every dimension must be positive");
-    // The shapes come from the files; a shape flag may restate them (scripts often do), never differ.
-    const std::tuple<const char*, int64_t, int64_t> from_files[] = {
-        {"batch", o.batch, B}, {"seq-len", o.seq_len, L}, {"heads", o.heads, H},
-        {"kv-heads", o.kv_heads ? o.kv_heads : H, Hkv}, {"head-dim", o.head_dim, D}};
-    for (const auto& [name, flag, value] : from_files) {
-      if (!given(vm, name)) continue;
-      if (flag != value)
-        throw UsageError(std::string("--") + name + " " + std::to_string(flag) + " disagrees with the input files (--q " +
-                         o.q + " " + format_shape(job.q_info->shape) + ", --k " + o.k + " " +
-                         format_shape(job.k_info->shape) + "), which give " + std::to_string(value));
-    }
-  } else {
-    const std::pair<const char*, int64_t> dims[] = {
-        {"batch", B}, {"seq-len", L}, {"heads", H}, {"kv-heads", o.kv_heads}, {"head-dim", D}};
-    for (const auto& [name, value] : dims)
-      if (value < (std::string_view(name) == "kv-heads" ? 0 : 1))
-        throw UsageError(std::string("--") + name + " " + std::to_string(value) + ": must be positive" +
-                         (std::string_view(name) == "kv-heads" ? " (or 0 for --heads)" : ""));
-    // The largest tensor's byte count must fit in 64 bits (files were checked when inspected).
-    int64_t bytes = 4;
-    for (int64_t d : {B, L, std::max(H, Hkv), D})
-      if (__builtin_mul_overflow(bytes, d, &bytes))
-        throw UsageError("--batch " + std::to_string(B) + " --seq-len " + std::to_string(L) + " --heads " +
-                         std::to_string(H) + " --head-dim " + std::to_string(D) + ": the tensors are too large to address");
-  }
-  if (H % Hkv != 0)
-    throw UsageError("heads " + std::to_string(H) + " is not a multiple of kv-heads " + std::to_string(Hkv) +
-                     (job.files ? " (from --q " + o.q + " and --k " + o.k + ")" : std::string()) +
-                     ": grouped-query attention needs Hkv to divide H");
-  if (o.backend != "cuda" && !kernels::cpu_supports_head_dim(D))
-    throw UsageError("head dim " + std::to_string(D) + (job.files ? " (from --q " + o.q + ")" : std::string(" (--head-dim)")) +
-                     " is not supported: use a multiple of 16 up to 512");
-  if (L < P)
-    throw UsageError("sequence length " + std::to_string(L) + (job.files ? " (from --q " + o.q + ")" : std::string(" (--seq-len)")) +
-                     " is smaller than the number of ranks " + std::to_string(P) + ": every rank needs at least one row");
-  if (!o.dout.empty()) {
-    if (!job.files) throw UsageError("--dout needs --q/--k/--v files (use --backward for random dO)");
-    job.dout_info = inspect_npy(o.dout, "--dout");
-    if (as_bshd(*job.dout_info) != as_bshd(*job.q_info))
-      throw UsageError("--dout " + o.dout + " has shape " + format_shape(job.dout_info->shape) + " but --q " + o.q + " has " +
-                       format_shape(job.q_info->shape));
-  }
+    throw usage_error("--dout and --backward both ask for a backward pass: --dout FILE uses that dO, --backward a "
+                      "random one; give one");
+  if (!o.dout.empty() && !job.files) throw usage_error("--dout needs --q/--k/--v files (use --backward for random dO)");
+  if (job.files)
+    shape_from_files(job, o, vm);
+  else
+    shape_from_flags(job, o);
   job.backward = o.backward || !o.dout.empty();
   if (!job.backward && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty()))
-    throw UsageError("--dq/--dk/--dv are gradients: they need --backward or --dout");
+    throw usage_error("--dq/--dk/--dv are gradients: they need --backward or --dout");
   check_execution_options(o);
-  if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
-  if (!(o.scale >= 0) || !std::isfinite(o.scale)) throw UsageError("--scale must be a positive number (or 0 for 1/sqrt(D))");
-  if (o.scale > 0 && !api::scale_fits_fp32(o.scale))
-    throw UsageError(std::string("--scale must lie within ") + api::kScaleRange);
-  if (!(o.emulate_intra_bandwidth >= 0) || !std::isfinite(o.emulate_intra_bandwidth))
-    throw UsageError("--emulate-intra-bandwidth must be a positive number of GB/s (0 = off)");
-  if (!(o.emulate_intra_latency >= 0) || !std::isfinite(o.emulate_intra_latency))
-    throw UsageError("--emulate-intra-latency must be a positive number of microseconds (0 = off)");
-  check_ulysses(o.ulysses, P, H, Hkv);
+  if (o.check_rows < 1) throw usage_error("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   if (o.ulysses == 1 && (o.emulate_intra_bandwidth > 0 || o.emulate_intra_latency > 0))
-    throw UsageError("--emulate-intra-bandwidth/--emulate-intra-latency emulate the link inside --ulysses groups: "
-                     "they need --ulysses 2 or more");
-  if (o.check_finite && o.no_check_finite) throw UsageError("--check-finite and --no-check-finite contradict");
+    throw usage_error("--emulate-intra-bandwidth/--emulate-intra-latency emulate the link inside --ulysses groups: "
+                      "they need --ulysses 2 or more");
+  if (o.check_finite && o.no_check_finite) throw usage_error("--check-finite and --no-check-finite contradict");
   refuse_unused_options(o, vm, job.files, job.backward);
   refuse_unwritable_outputs({{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv},
                              {"json", o.json}, {"dump-block-mask", o.mask.dump_block_mask}});
@@ -216,15 +216,20 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
                          {"block-mask", o.mask.block_mask}},
                         {{"out", o.out}, {"lse", o.lse}, {"dq", o.dq}, {"dk", o.dk}, {"dv", o.dv}, {"json", o.json},
                          {"dump-block-mask", o.mask.dump_block_mask}});
-  job.dtype = parse_dtype_option(o.dtype);
-  job.execution = choose_execution(o.backend, o.comm, D, ctx);
-  if (job.execution.backend == "cpu" && !kernels::cpu_supports_head_dim(D))
-    throw UsageError("head dim " + std::to_string(D) + " is not supported by the CPU backend: use a multiple of 16 up to 512");
-  job.layout = layout_option(o.layout, o.mask.causal);
-  job.schedule = parse_schedule(o.schedule);
-  job.threads = o.threads ? o.threads : ctx.default_threads();
-  job.seq_len = L;
-  job.dims = kernels::AttentionDims{B, H, Hkv, D, o.scale > 0 ? float(o.scale) : 1.0f / std::sqrt(float(D))};
+  job.shard.dtype = api::element_type_of(parse_dtype_option(o.dtype));
+  const ExecutionChoice execution = choose_execution(o.backend, o.comm, ctx);
+  job.context = context_options(execution, o, o.threads ? o.threads : ctx.default_threads(),
+                                o.emulate_intra_bandwidth, o.emulate_intra_latency);
+  job.spec.mask = mask_spec(o.mask, job.seq_len, o.seed);
+  job.spec.layout = layout_spec(o.layout);
+  job.spec.schedule = schedule_spec(o.schedule);
+  job.spec.softmax_scale = o.scale;
+  job.spec.ulysses = o.ulysses;
+  // The library's judgement of every value it takes, before any data moves.
+  for (auto bad : {api::check_options(job.context), api::check_shard(job.shard, execution.backend == "cuda"),
+                   api::check_spec(job.spec)})
+    if (bad) throw *bad;
+  if (auto bad = api::check_call(job.shard, job.spec, job.seq_len, ctx.world.size())) throw *bad;
   return job;
 }
 
@@ -232,7 +237,8 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
 // differs between nodes would make the ranks compute different problems).
 std::string resolved_lines(const Job& job, const Mask& mask) {
   std::string s = "shape=(B, L, H, Hkv, D) = " +
-                  format_shape({job.dims.batch, job.seq_len, job.dims.heads, job.dims.kv_heads, job.dims.head_dim}) + "\n";
+                  format_shape({job.shard.batch, job.seq_len, job.shard.heads, job.shard.kv_heads, job.shard.head_dim}) +
+                  "\n";
   for (const auto* info : {&job.q_info, &job.k_info, &job.v_info, &job.dout_info})
     if (*info) s += (*info)->label + " " + (*info)->path + "=" + (*info)->descr + " " + format_shape((*info)->shape) + "\n";
   // FNV-1a of the mask's data: documents and block mask, as read on this rank.
@@ -243,7 +249,7 @@ std::string resolved_lines(const Job& job, const Mask& mask) {
   mix(mask.doc_offsets().data(), mask.doc_offsets().size() * sizeof(int64_t));
   mix(mask.block_mask().data(), mask.block_mask().size());
   s += "mask=" + mask.describe() + " (digest " + std::to_string(h) + ")\n";
-  s += "backend=" + job.execution.backend + " comm=" + job.execution.comm + "\n";
+  s += "backend=" + job.context.backend + " comm=" + job.context.comm + "\n";
   return s;
 }
 

@@ -21,7 +21,7 @@ void write_text_file(const std::string& path, const std::string& label, const st
     ~Forget() { temp_files::forget(path); }
   } forget{temp};
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw UsageError(label + " " + path + ": cannot create (" + std::strerror(errno) + ")");
+  if (fd < 0) throw usage_error(label + " " + path + ": cannot create (" + std::strerror(errno) + ")");
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -29,14 +29,14 @@ void write_text_file(const std::string& path, const std::string& label, const st
       const int err = errno;
       ::close(fd);
       ::unlink(temp.c_str());
-      throw RuntimeFault(label + " " + path + ": write failed (" + std::strerror(err) + ")");
+      throw Fault(label + " " + path + ": write failed (" + std::strerror(err) + ")");
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp.c_str());
-    throw RuntimeFault(label + " " + path + ": could not be completed (" + std::strerror(err) + ")");
+    throw Fault(label + " " + path + ": could not be completed (" + std::strerror(err) + ")");
   }
 }
 

@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "launch/cli/test_seam.hpp"
 
 namespace ringattn {
 
 struct LaunchContext {
   comm::Communicator& world;
+  const TestSeam& seam;  // the tests' seam, read once at start-up (empty outside tests)
   int local_rank = 0;   // among the ranks on this node
   int local_ranks = 1;  // ranks on this node
   int hardware_threads = 1;  // the node's
@@ -25,7 +27,7 @@ struct LaunchContext {
   }
 };
 
-// Writes text to path atomically (temporary file, then rename); throws UsageError/RuntimeFault naming `label`.
+// Writes text to path atomically (temporary file, then rename); throws ArgumentError/Fault naming `label`.
 void write_text_file(const std::string& path, const std::string& label, const std::string& text);
 
 // Peak resident memory of this process, bytes.

@@ -7,6 +7,7 @@
 #include <new>
 #include <vector>
 
+#include "launch/cli/argument_names.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/temp_files.hpp"
 
@@ -14,16 +15,12 @@ namespace ringattn {
 
 int exit_code_of(const std::exception& e) {
   if (const auto* f = dynamic_cast<const JobFailed*>(&e)) return f->code();
-  if (dynamic_cast<const UsageError*>(&e)) return kExitUsage;
+  if (dynamic_cast<const ArgumentError*>(&e)) return kExitUsage;
   if (dynamic_cast<const CheckFailure*>(&e)) return kExitCheckFailed;
-  return kExitFault;  // comm::CommError, RuntimeFault, bad_alloc, anything unexpected
+  return kExitFault;  // Fault (comm::CommError among them), bad_alloc, anything unexpected
 }
 
-std::string message_of(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e))
-    return std::string("out of memory: an allocation failed (") + e.what() + ")";
-  return e.what();
-}
+std::string message_of(const std::exception& e) { return message_in_flags(e); }
 
 void print_error(const std::string& message) {
   std::fprintf(stderr, "ringattn: error: %s\n", message.c_str());

@@ -38,7 +38,8 @@ void agreed_phase(comm::Communicator& comm, const std::function<void()>& phase);
 // JobFailed, reported already) and ends every rank with the exception's exit code.
 [[noreturn]] void fail_now(comm::Communicator& comm, const std::exception& e);
 
-// The text to report for an exception (out of memory is said in words).
+// The text to report for an exception: the library's argument names as flags
+// (launch/cli/argument_names.hpp), out of memory in words.
 std::string message_of(const std::exception& e);
 
 // Prints an error line on stderr.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/npy.hpp"
 
@@ -35,74 +36,61 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
     int64_t value = 0;
     const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
     if (item.empty() || ec != std::errc() || end != item.data() + item.size())
-      throw UsageError(option + " " + text + ": '" + item + "' is not an integer");
+      throw usage_error(option + " " + text + ": '" + item + "' is not an integer");
     out.push_back(value);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   if (expected && out.size() != expected)
-    throw UsageError(option + " " + text + ": expected " + std::to_string(expected) + " comma-separated integers");
+    throw usage_error(option + " " + text + ": expected " + std::to_string(expected) + " comma-separated integers");
   return out;
 }
 
-Mask build_mask(const MaskOptions& m, int64_t L, uint64_t seed) {
-  Mask mask;
+MaskSpec mask_spec(const MaskOptions& m, int64_t L, uint64_t seed) {
+  MaskSpec mask;
   mask.causal = m.causal;
   if (!m.window.empty()) {
     const auto w = parse_int_list(m.window, "--window", 2);
-    for (int64_t x : w)
-      if (x < -1) throw UsageError("--window " + m.window + ": sides must be >= 0, or -1 for unbounded");
-    // A side longer than the sequence reaches every key, as L does; the kernels' i + RIGHT must not overflow.
-    mask.window_left = std::min(w[0], L);
-    mask.window_right = std::min(w[1], L);
-    mask.window_origin = std::to_string(w[0]) + "," + std::to_string(w[1]);  // the JSON's mask, as given
+    mask.window_left = w[0], mask.window_right = w[1];
   }
   if (!m.doc_lens.empty()) {
-    std::vector<int64_t> lens;
     if (m.doc_lens.size() > 4 && m.doc_lens.substr(m.doc_lens.size() - 4) == ".npy") {
       std::vector<int64_t> shape;
-      lens = read_npy_int64(m.doc_lens, "--doc-lens", &shape);
-      if (shape.size() != 1) throw UsageError("--doc-lens " + m.doc_lens + ": expected a 1-D array of lengths");
+      mask.doc_lens = read_npy_int64(m.doc_lens, "--doc-lens", &shape);
+      if (shape.size() != 1) throw usage_error("--doc-lens " + m.doc_lens + ": expected a 1-D array of lengths");
     } else {
-      lens = parse_int_list(m.doc_lens, "--doc-lens");
+      mask.doc_lens = parse_int_list(m.doc_lens, "--doc-lens");
     }
-    int64_t sum = 0;
-    for (int64_t n : lens) {
-      if (n < 0) throw UsageError("--doc-lens " + m.doc_lens + ": document lengths must not be negative");
-      if (__builtin_add_overflow(sum, n, &sum))
-        throw UsageError("--doc-lens " + m.doc_lens + ": the document lengths overflow 64 bits");
-    }
-    if (sum != L)
-      throw UsageError("--doc-lens " + m.doc_lens + ": document lengths sum to " + std::to_string(sum) +
-                       " but the sequence length is " + std::to_string(L));
-    mask.set_documents(lens);
   }
-  if (!m.block_mask.empty() && !m.bigbird.empty())
-    throw UsageError("--block-mask and --bigbird both give a block mask: use one");
-  if (m.mask_block < 1) throw UsageError("--mask-block " + std::to_string(m.mask_block) + ": must be positive");
-  const int64_t n = L / m.mask_block + (L % m.mask_block != 0);
+  mask.mask_block = m.mask_block;
   if (!m.block_mask.empty()) {
+    // The file's own shape is the command line's to check; the library judges the entries'
+    // count against the sequence (api::check_call).
+    if (m.mask_block < 1) throw usage_error("--mask-block " + std::to_string(m.mask_block) + ": must be positive");
+    const int64_t n = L / m.mask_block + (L % m.mask_block != 0);
     std::vector<int64_t> shape;
-    std::vector<uint8_t> bm = read_npy_u8(m.block_mask, "--block-mask", &shape);
+    mask.block_mask = read_npy_u8(m.block_mask, "--block-mask", &shape);
     if (shape.size() != 2 || shape[0] != n || shape[1] != n)
-      throw UsageError("--block-mask " + m.block_mask + ": expected shape (" + std::to_string(n) + ", " +
-                       std::to_string(n) + ") for sequence length " + std::to_string(L) + " and --mask-block " +
-                       std::to_string(m.mask_block));
-    mask.set_block_mask(std::move(bm), n, m.mask_block);
-    mask.block_mask_origin = "block";
+      throw usage_error("--block-mask " + m.block_mask + ": expected shape (" + std::to_string(n) + ", " +
+                        std::to_string(n) + ") for sequence length " + std::to_string(L) + " and --mask-block " +
+                        std::to_string(m.mask_block));
   }
   if (!m.bigbird.empty()) {
     const auto g = parse_int_list(m.bigbird, "--bigbird", 3);
-    for (int64_t x : g)
-      if (x < 0) throw UsageError("--bigbird " + m.bigbird + ": GLOBAL, WINDOW and RANDOM must be >= 0");
-    // Counts beyond the number of blocks mean "all of them" (and keep r + WINDOW from overflowing).
-    mask.set_block_mask(bigbird_block_mask(n, std::min(g[0], n), std::min(g[1], n), std::min(g[2], n), seed), n,
-                        m.mask_block);
-    mask.block_mask_origin = "bigbird(" + m.bigbird + ")";
+    mask.bigbird_global = g[0], mask.bigbird_window = g[1], mask.bigbird_random = g[2];
+    mask.bigbird_seed = seed;
   }
-  if (!m.dump_block_mask.empty() && !mask.has_block_mask())
-    throw UsageError("--dump-block-mask needs a block mask (--block-mask or --bigbird)");
+  if (!m.dump_block_mask.empty() && m.block_mask.empty() && m.bigbird.empty())
+    throw usage_error("--dump-block-mask needs a block mask (--block-mask or --bigbird)");
   return mask;
+}
+
+Mask mask_from_options(const MaskOptions& m, int64_t L, uint64_t seed) {
+  AttentionSpec spec;
+  spec.mask = mask_spec(m, L, seed);
+  for (auto bad : {api::check_spec(spec), api::check_mask_length(spec.mask, L)})
+    if (bad) throw *bad;
+  return api::build_mask(spec, L);
 }
 
 void dump_block_mask(const MaskOptions& m, const Mask& mask) {

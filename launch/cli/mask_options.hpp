@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/mask/mask.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn {
 
@@ -22,14 +23,19 @@ struct MaskOptions {
 
 void add_mask_options(boost::program_options::options_description& desc, MaskOptions& m);
 
-// Validates the options against the sequence length and builds the mask (reading any files);
-// throws UsageError naming the option or file.
-Mask build_mask(const MaskOptions& m, int64_t seq_len, uint64_t seed);
+// The mask the options give, as the library's MaskSpec (reading any files; `seed` seeds BigBird).
+// Throws ArgumentError naming the option or file for what only the command line can judge (the
+// syntax of a list, a file's shape); the library judges the values (api::check_spec, check_call),
+// and builds the Mask from the spec (api::build_mask).
+MaskSpec mask_spec(const MaskOptions& m, int64_t seq_len, uint64_t seed);
+// The Mask of the options for a job that has no session (`ringattn plan`): mask_spec, judged and
+// built by the library.
+Mask mask_from_options(const MaskOptions& m, int64_t seq_len, uint64_t seed);
 
 // Writes the block mask actually used to --dump-block-mask (call on one rank).
 void dump_block_mask(const MaskOptions& m, const Mask& mask);
 
-// "a,b,c" -> integers; throws UsageError naming `option`.
+// "a,b,c" -> integers; throws ArgumentError naming `option`.
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, size_t expected = 0);
 
 }  // namespace ringattn

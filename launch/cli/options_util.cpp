@@ -8,6 +8,7 @@
 
 #include "launch/cli/job_control.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/ring_plan.hpp"
 
 namespace po = boost::program_options;
 
@@ -20,7 +21,7 @@ po::variables_map parse_options(const po::options_description& desc, const std::
     po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UsageError(std::string(e.what()) + " (see ringattn " + command + " --help)");
+    throw usage_error(std::string(e.what()) + " (see ringattn " + command + " --help)");
   }
   // An empty value (--out "$UNSET") would read as "not given" and be silently ignored.
   for (const auto& [name, value] : vm) {
@@ -28,7 +29,7 @@ po::variables_map parse_options(const po::options_description& desc, const std::
     const bool takes_value = option && option->semantic()->max_tokens() > 0;  // not a flag such as --help
     if (const auto* text = boost::any_cast<std::string>(&value.value());
         takes_value && text && text->empty() && !value.defaulted())
-      throw UsageError("--" + name + " is given an empty value (see ringattn " + command + " --help)");
+      throw usage_error("--" + name + " is given an empty value (see ringattn " + command + " --help)");
   }
   return vm;
 }
@@ -36,7 +37,20 @@ po::variables_map parse_options(const po::options_description& desc, const std::
 DType parse_dtype_option(const std::string& name) {
   if (name == "fp32") return DType::f32;
   if (name == "bf16") return DType::bf16;
-  throw UsageError("--dtype " + name + ": expected fp32 or bf16");
+  throw usage_error("--dtype " + name + ": expected fp32 or bf16");
+}
+
+SequenceLayout layout_spec(const std::string& name) {
+  if (name.empty()) return SequenceLayout::automatic;
+  switch (parse_layout(name)) {
+    case LayoutKind::zigzag: return SequenceLayout::zigzag;
+    case LayoutKind::striped: return SequenceLayout::striped;
+    default: return SequenceLayout::contiguous;
+  }
+}
+
+KeyValueSchedule schedule_spec(const std::string& name) {
+  return parse_schedule(name) == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
 }
 
 LayoutKind layout_option(const std::string& name, bool causal) {
@@ -99,11 +113,11 @@ void agree_on_options(comm::Communicator& comm, const std::string& canonical) {
   if (!d) return;
   const std::string rank = std::to_string(comm.rank());
   if (d->on_rank0 == "(not given)")
-    throw UsageError("the ranks were started with different options: --" + d->name + " is given on rank " + rank +
+    throw usage_error("the ranks were started with different options: --" + d->name + " is given on rank " + rank +
                      " but not on rank 0");
   if (d->here == "(not given)")
-    throw UsageError("the ranks were started with different options: --" + d->name + " is given on rank 0 but not on rank " + rank);
-  throw UsageError("the ranks were started with different options: --" + d->name + " is '" + d->on_rank0 +
+    throw usage_error("the ranks were started with different options: --" + d->name + " is given on rank 0 but not on rank " + rank);
+  throw usage_error("the ranks were started with different options: --" + d->name + " is '" + d->on_rank0 +
                    "' on rank 0 but '" + d->here + "' on rank " + rank);
 }
 
@@ -151,15 +165,9 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
 }
 
 void check_execution_options(const ExecutionOptions& v) {
-  if (v.threads < 0)
-    throw UsageError("--threads " + std::to_string(v.threads) + ": must not be negative (0 = automatic)");
-  if (!(v.timeout > 0) || !std::isfinite(v.timeout)) throw UsageError("--timeout must be a positive number of seconds");
-  if (!(v.emulate_bandwidth >= 0) || !std::isfinite(v.emulate_bandwidth))
-    throw UsageError("--emulate-bandwidth must be a positive number of GB/s (0 = off)");
-  if (!(v.emulate_latency >= 0) || !std::isfinite(v.emulate_latency))
-    throw UsageError("--emulate-latency must be a positive number of microseconds (0 = off)");
-  if (v.iters < 1) throw UsageError("--iters " + std::to_string(v.iters) + ": must be at least 1");
-  if (v.warmup < 0) throw UsageError("--warmup " + std::to_string(v.warmup) + ": must not be negative");
+  // (--threads, --timeout and the link emulation are the library's: api::check_options.)
+  if (v.iters < 1) throw usage_error("--iters " + std::to_string(v.iters) + ": must be at least 1");
+  if (v.warmup < 0) throw usage_error("--warmup " + std::to_string(v.warmup) + ": must not be negative");
 }
 
 void add_hybrid_options(po::options_description& desc, int* ulysses, double* emulate_intra_bandwidth,

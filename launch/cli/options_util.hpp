@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "ringattn/ringattn.hpp"
 #include "util/dtype.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
 // Parses args against desc (no positional arguments); unknown options, bad values and empty
-// strings become UsageError with the option's name and a pointer to --help.
+// strings become ArgumentError with the option's name and a pointer to --help.
 boost::program_options::variables_map parse_options(const boost::program_options::options_description& desc,
                                                     const std::vector<std::string>& args,
                                                     const std::string& command);
@@ -22,11 +23,15 @@ boost::program_options::variables_map parse_options(const boost::program_options
 std::string canonical_options(const boost::program_options::variables_map& vm);
 
 // Rank 0's canonical options are sent to every rank; a rank whose options differ throws
-// UsageError naming the first differing option (call inside an agreed phase).
+// ArgumentError naming the first differing option (call inside an agreed phase).
 void agree_on_options(comm::Communicator& comm, const std::string& canonical);
 
-// --dtype fp32|bf16; throws UsageError naming --dtype.
+// --dtype fp32|bf16; throws ArgumentError naming --dtype.
 DType parse_dtype_option(const std::string& name);
+
+// --layout and --schedule as the library's AttentionSpec takes them ("" layout: automatic).
+SequenceLayout layout_spec(const std::string& name);
+KeyValueSchedule schedule_spec(const std::string& name);
 
 // --layout, or its default when empty: zigzag when causal (balances causal work), else contiguous.
 LayoutKind layout_option(const std::string& name, bool causal);
@@ -81,8 +86,9 @@ struct ExecutionOptions {
   }
 };
 
-// Checks them alike for every subcommand; throws UsageError naming the option. (The options a
-// subcommand lacks hold their defaults, which pass.)
+// Checks what only the command line has (--iters, --warmup) alike for every subcommand; the
+// library judges the rest (api::check_options of context_options). Throws ArgumentError naming the
+// option. (The options a subcommand lacks hold their defaults, which pass.)
 void check_execution_options(const ExecutionOptions& o);
 
 // Hybrid parallelism (SPEC.md "Hybrid parallelism"): --ulysses and the intra-group link

@@ -15,6 +15,7 @@ namespace ringattn {
 
 struct RunSummary {
   int ranks = 1;
+  int nodes = 1;  // how many nodes the ranks span (MPI's shared-memory split)
   int64_t batch = 1, seq_len = 0, heads = 1, kv_heads = 1, head_dim = 1;
   std::string mask, layout, schedule, dtype, backend, comm;
   int threads = 1;
@@ -45,7 +46,7 @@ void visit_summary(const RunSummary& s, Visit&& visit) {
       {"threads", s.threads}, {"forward_s", s.forward_s}, {"backward_s", optional(s.backward_s)},
       {"flops_forward", s.flops_forward}, {"gflops_per_rank", s.gflops_per_rank},
       {"comm_bytes_sent", s.comm_bytes_sent}, {"comm_bytes_needed", s.comm_bytes_needed},
-      {"exposed_comm_fraction", s.exposed_comm_fraction}, {"peak_rss_bytes", s.peak_rss_bytes},
+      {"exposed_comm_fraction", s.exposed_comm_fraction}, {"nodes", s.nodes}, {"peak_rss_bytes", s.peak_rss_bytes},
       {"max_abs_err", optional(s.max_abs_err)}};
   for (const auto& [key, value] : fields) visit(key, value);
 }

@@ -127,7 +127,7 @@ void LayerOutputs::write(comm::Communicator& comm, const std::vector<std::pair<s
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       if (ec || !std::filesystem::is_directory(dir))
-        throw UsageError(std::string(option) + " " + dir + ": cannot create the directory (" + ec.message() + ")");
+        throw usage_error(std::string(option) + " " + dir + ": cannot create the directory (" + ec.message() + ")");
     }
   });
   write_outputs(comm, files_);

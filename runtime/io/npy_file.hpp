@@ -40,9 +40,9 @@ struct FileHandle {
   ~FileHandle();
 };
 
-// Opens a regular file to read and gives its size; UsageError when it cannot be used.
+// Opens a regular file to read and gives its size; ArgumentError when it cannot be used.
 int open_input(const std::string& path, int64_t* size, const std::string& where);
-// Whole reads and writes at an offset, retried until done; RuntimeFault on failure.
+// Whole reads and writes at an offset, retried until done; Fault on failure.
 void pread_all(int fd, void* buffer, int64_t bytes, int64_t offset, const std::string& where);
 void pwrite_all(int fd, const void* buffer, int64_t bytes, int64_t offset, const std::string& where);
 // Calls fn(file_element, buffer_element, elements) for each maximal run of the selection that is

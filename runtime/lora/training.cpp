@@ -11,7 +11,7 @@ const char* optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::s
 OptimizerKind parse_optimizer(const std::string& name) {
   if (name == "sgd") return OptimizerKind::sgd;
   if (name == "adamw") return OptimizerKind::adamw;
-  throw UsageError("--optimizer " + name + ": expected sgd or adamw");
+  throw ArgumentError("optimizer", "{optimizer} '" + name + "': expected sgd or adamw");
 }
 
 LoraOptimizer::LoraOptimizer(LoraLayer& layer, const OptimizerOptions& options) : layer_(layer), options_(options) {

@@ -380,7 +380,6 @@ TEST_F(MpiTest, ReduceScatterWithUnevenCounts) {
 // Rank 0 alone, the others together in reverse order; with 3 ranks or more the last one stays out.
 TEST_F(MpiTest, SplitMakesSubCommunicatorsThatInheritSettings) {
   comm->set_timeout(7.0);
-  comm->set_link_emulation({100.0, 1.0});
   const bool stays_out = size() >= 3 && rank() == size() - 1;
   const int color = stays_out ? -1 : rank() == 0 ? 0 : 1;
   std::unique_ptr<Communicator> sub = comm->split(color, -rank());
@@ -393,8 +392,6 @@ TEST_F(MpiTest, SplitMakesSubCommunicatorsThatInheritSettings) {
   EXPECT_EQ(sub->size(), members);
   EXPECT_EQ(sub->rank(), rank() == 0 ? 0 : members - rank());  // ordered by key = -rank
   EXPECT_EQ(sub->timeout(), 7.0);
-  EXPECT_EQ(sub->link_emulation().gbps, 100.0);
-  EXPECT_EQ(sub->link_emulation().latency_us, 1.0);
 
   int64_t world_rank_sum = rank();
   sub->allreduce(&world_rank_sum, 1, DType::i64, ReduceOp::sum);

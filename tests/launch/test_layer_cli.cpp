@@ -230,8 +230,9 @@ TEST_F(LayerCli, BadInputExitsWithCode2AndNamesTheProblem) {
   const std::vector<Case> cases = {
       {x_arg + " --weights " + (dir / "bad").string() + " --heads 4 --kv-heads 2",
        "wk.npy: shape (10, 64), expected (32, 64)"},
-      {x_arg + " --weights " + (dir / "weights").string() + " --heads 5", "--heads 5: d_model 64 is not divisible"},
-      {x_arg + " --weights " + (dir / "weights").string() + " --heads 4 --kv-heads 3", "--kv-heads 3: must divide"},
+      {x_arg + " --weights " + (dir / "weights").string() + " --heads 5", "'s d_model 64 (the head dim is d_model / heads)"},
+      {x_arg + " --weights " + (dir / "weights").string() + " --heads 4 --kv-heads 3",
+       "--kv-heads 3 must divide --heads 4"},
       {x_arg + " --weights " + (dir / "weights").string() + " --heads 4 --kv-heads 2 --lora-rank 8",
        "lora_q_A.npy: shape (4, 64), expected (8, 64)"},
       {x_arg + " --weights " + (dir / "unpaired").string() + " --heads 4 --kv-heads 2", "lora_q_B.npy is missing"},

@@ -22,6 +22,7 @@
 #include "util/stopwatch.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/lora/layer.hpp"
+#include "runtime/session.hpp"
 #include "tests/support/test_util.hpp"
 
 using namespace ringattn;
@@ -57,13 +58,13 @@ int main(int argc, char** argv) {
     c.bias = {true, true, true, false};  // Qwen2-style
     c.rope.theta = 10000.0;
     c.threads = 1;
-    Mask mask;
-    mask.causal = true;
-    const ShardLayout layout(LayoutKind::zigzag, c.seq_len, comm->size());
+    AttentionSpec spec;
+    spec.mask.causal = true;
+    spec.layout = SequenceLayout::zigzag;
     ContextOptions options;
     options.threads = c.threads;
-    Context context(MPI_COMM_WORLD, options);
-    LoraLayer layer(context, c, layout, mask);
+    Session session(MPI_COMM_WORLD, SessionOptions{options, {}});
+    LoraLayer layer(session, c, spec);
     for (int p = 0; p < kProjections; ++p) {
       fill_normal(layer.projection(p), ProjectionPart::w0, 1, 40 + p, 0.03f);
       fill_normal(layer.projection(p), ProjectionPart::lora_a, 1, 50 + p, 0.03f);
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
     std::vector<float> y(n), dx(n);
 
     // The parts: the four projections with whole local parameters, and the attention of the same
-    // shape through the same API.
+    // shape through the same session (the layer's plan).
     std::vector<std::vector<float>> storage(kProjections);
     std::vector<GatheredProjection> whole(kProjections);
     for (int p = 0; p < kProjections; ++p) {
@@ -91,9 +92,9 @@ int main(int argc, char** argv) {
       fill(whole[size_t(p)].b, size_t(s.out * s.rank), 30 + p);
       if (s.bias) std::fill(whole[size_t(p)].bias, whole[size_t(p)].bias + s.out, 0.1f);
     }
-    const std::unique_ptr<LayerOps> ops = make_layer_ops(context.backend(), c.threads);
+    const std::unique_ptr<LayerOps> ops = make_layer_ops(session.backend(), c.threads);
     const Shard shard{c.batch, layer.rows(), c.heads, c.kv_heads, D, ElementType::float32};
-    const AttentionSpec spec = api::attention_spec(mask, layout.kind(), c.schedule, 0.0, 1);
+    UlyssesAttention& attention = session.plan(shard, spec, c.seq_len).attention();
     const std::vector<float> q = testing::random_vector(size_t(N * c.heads * D), 3);
     const std::vector<float> k = testing::random_vector(size_t(N * c.kv_heads * D), 4), v = k;
     std::vector<float> o(q.size()), lse(size_t(c.batch * c.heads * layer.rows())), dq(q.size()), dk(k.size()),
@@ -110,9 +111,9 @@ int main(int argc, char** argv) {
       }
       comm->barrier();
       const Stopwatch a;
-      context.forward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data());
-      context.backward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(),
-                       dv.data());
+      attention.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
+      attention.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(), dv.data(),
+                         attention.last_forward());
       t += a.seconds();
       for (int p = kProjections - 1; p >= 0; --p) {
         const ProjectionShape& s = whole[size_t(p)].shape;

@@ -1,4 +1,11 @@
-// A test hook, for tests/cli only: RINGATTN_TEST_RAISE=RANK:WHEN:SIGNAL makes rank RANK raise
+// The program's one seam for its tests (tests/cli, tests/cluster), read once at start-up by
+// main() and handed to the jobs: TestSeam. Unset, nothing of it does anything, and no code of
+// the runtime reads any of it.
+//
+// RINGATTN_TEST_NODES=ID,ID,...: a node id per rank, so that tests on one machine can place the
+// hybrid's groups (--ulysses) on pretend nodes (runtime/session.hpp SessionOptions::pretend_nodes).
+//
+// A test hook: RINGATTN_TEST_RAISE=RANK:WHEN:SIGNAL makes rank RANK raise
 // SIGNAL (STOP, KILL, TERM or INT) once, or hang until a signal ends it (SIGNAL = HANG; unlike a
 // stopped process, mpirun cannot resume it with SIGCONT), at WHEN: a number N (when this rank has done N ring
 // steps in all, counted over passes: with P ranks a forward pass has P steps, and its backward
@@ -13,6 +20,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/mask/mask.hpp"
+#include "ringattn/ringattn.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
@@ -21,7 +29,7 @@ class TestHook {
  public:
   static constexpr const char* kVariable = "RINGATTN_TEST_RAISE";
 
-  // Reads the variable; throws UsageError naming it when it is malformed.
+  // Reads the variable; throws ArgumentError naming it when it is malformed.
   static TestHook from_environment(int rank);
 
   // Called after each ring step.
@@ -59,13 +67,13 @@ class TestFault {
   static constexpr const char* kVariable = "RINGATTN_TEST_FAULT";
   enum class Kind { none, output_element, window_off_by_one, document_off_by_one, causal_diagonal, softmax_scale, gqa_head };
 
-  // Reads the variable; throws UsageError naming it when it is unknown.
+  // Reads the variable; throws ArgumentError naming it when it is unknown.
   static TestFault from_environment();
   bool active() const { return kind_ != Kind::none; }
 
-  // What the ring computes with (UsageError when the fault does not apply to the job).
-  Mask ring_mask(const Mask& mask) const;
-  kernels::AttentionDims ring_dims(kernels::AttentionDims dims) const;
+  // What the ring computes with: the job's spec, slightly wrong (ArgumentError when the fault
+  // does not apply to the job). `head_dim` resolves the default scale.
+  AttentionSpec ring_spec(const AttentionSpec& spec, int64_t head_dim, int64_t kv_heads) const;
   // K or V rows (B, rows, Hkv, D) as fed to the ring: true when they differ from `rows`, then in `faulty`.
   bool ring_rows(const std::vector<float>& rows, bool key_or_value, const kernels::AttentionDims& dims,
                  std::vector<float>& faulty) const;
@@ -77,6 +85,16 @@ class TestFault {
 
  private:
   Kind kind_ = Kind::none;
+};
+
+// Everything above, read from the environment once.
+struct TestSeam {
+  TestHook hook;
+  TestFault fault;
+  std::vector<int> pretend_nodes;  // empty: the real ones
+
+  // Throws ArgumentError naming the variable that is malformed.
+  static TestSeam from_environment(int rank, int ranks);
 };
 
 }  // namespace ringattn

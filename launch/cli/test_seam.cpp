@@ -1,4 +1,4 @@
-#include "launch/cli/test_hook.hpp"
+#include "launch/cli/test_seam.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "launch/cli/mask_options.hpp"
+#include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
@@ -19,7 +20,7 @@ TestHook TestHook::from_environment(int rank) {
   const std::string text = value;
   const size_t a = text.find(':'), b = a == std::string::npos ? a : text.find(':', a + 1);
   auto bad = [&] {
-    return UsageError(std::string(kVariable) + "=" + text + ": expected RANK:STEP:SIGNAL or RANK:write:SIGNAL, " +
+    return usage_error(std::string(kVariable) + "=" + text + ": expected RANK:STEP:SIGNAL or RANK:write:SIGNAL, " +
                       "SIGNAL one of STOP, KILL, TERM, INT, HANG");
   };
   if (b == std::string::npos) throw bad();
@@ -65,36 +66,33 @@ TestFault TestFault::from_environment() {
   for (const auto& [name, kind] : kinds)
     if (text == name) fault.kind_ = kind;
   if (!fault.active())
-    throw UsageError(std::string(kVariable) + "=" + text + ": expected one of output-element, window-off-by-one, " +
+    throw usage_error(std::string(kVariable) + "=" + text + ": expected one of output-element, window-off-by-one, " +
                      "document-off-by-one, causal-diagonal, softmax-scale, gqa-head");
   return fault;
 }
 
-Mask TestFault::ring_mask(const Mask& mask) const {
-  Mask m = mask;
+AttentionSpec TestFault::ring_spec(const AttentionSpec& spec, int64_t head_dim, int64_t kv_heads) const {
+  AttentionSpec s = spec;
   auto needs = [&](bool ok, const char* what) {
-    if (!ok) throw UsageError(std::string(kVariable) + ": the job needs " + what);
+    if (!ok) throw usage_error(std::string(kVariable) + ": the job needs " + what);
   };
-  if (kind_ == Kind::window_off_by_one) {
-    needs(mask.window_left >= 0, "a left window (--window)");
-    m.window_left = mask.window_left + 1;
-  } else if (kind_ == Kind::document_off_by_one) {
-    const std::vector<int64_t>& at = mask.doc_offsets();
-    needs(at.size() >= 3 && at[2] - at[1] >= 2, "two documents, the second of two positions or more");
-    std::vector<int64_t> lengths;
-    for (size_t d = 0; d + 1 < at.size(); ++d) lengths.push_back(at[d + 1] - at[d]);
-    ++lengths[0], --lengths[1];
-    m.set_documents(lengths);
-  } else if (kind_ == Kind::causal_diagonal) {
-    needs(mask.causal, "--causal");
+  switch (kind_) {
+    case Kind::window_off_by_one:
+      needs(spec.mask.window_left >= 0, "a left window (--window)");
+      ++s.mask.window_left;
+      break;
+    case Kind::document_off_by_one: {
+      const std::vector<int64_t>& lengths = spec.mask.doc_lens;
+      needs(lengths.size() >= 2 && lengths[1] >= 2, "two documents, the second of two positions or more");
+      ++s.mask.doc_lens[0], --s.mask.doc_lens[1];
+      break;
+    }
+    case Kind::causal_diagonal: needs(spec.mask.causal, "--causal"); break;
+    case Kind::softmax_scale: s.softmax_scale = api::softmax_scale(spec, head_dim) * (1.0 + 1.0 / 1024.0); break;
+    case Kind::gqa_head: needs(kv_heads >= 2, "--kv-heads 2 or more"); break;
+    default: break;
   }
-  return m;
-}
-
-kernels::AttentionDims TestFault::ring_dims(kernels::AttentionDims dims) const {
-  if (kind_ == Kind::softmax_scale) dims.scale *= 1.0f + 1.0f / 1024.0f;
-  if (kind_ == Kind::gqa_head && dims.kv_heads < 2) throw UsageError(std::string(kVariable) + ": the job needs --kv-heads 2 or more");
-  return dims;
+  return s;
 }
 
 bool TestFault::ring_rows(const std::vector<float>& rows, bool key_or_value, const kernels::AttentionDims& dims,
@@ -138,6 +136,26 @@ void TestFault::outputs(const ShardLayout& layout, int rank, const Mask& mask, c
         l = static_cast<float>(double(l) + std::log1p(-w));
       }
     }
+}
+
+TestSeam TestSeam::from_environment(int rank, int ranks) {
+  TestSeam seam;
+  seam.hook = TestHook::from_environment(rank);
+  seam.fault = TestFault::from_environment();
+  const char* pretend = std::getenv("RINGATTN_TEST_NODES");
+  if (!pretend || !*pretend) return seam;
+  const std::string what = std::string("RINGATTN_TEST_NODES=") + pretend;
+  for (const char* c = pretend; *c;) {
+    char* end = nullptr;
+    const long id = std::strtol(c, &end, 10);
+    if (end == c) throw usage_error(what + ": not a comma-separated list of node ids");
+    seam.pretend_nodes.push_back(static_cast<int>(id));
+    c = *end == ',' ? end + 1 : end;
+  }
+  if (seam.pretend_nodes.size() != size_t(ranks))
+    throw usage_error(what + ": " + std::to_string(seam.pretend_nodes.size()) + " node ids for " +
+                      std::to_string(ranks) + " ranks (one per rank)");
+  return seam;
 }
 
 }  // namespace ringattn
