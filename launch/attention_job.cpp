@@ -357,6 +357,7 @@ int run_attention(LaunchContext& ctx) {
     if (job.backward) summary.backward_s = bwd_s;
     summary.comm_bytes_sent = bytes_sent, summary.comm_bytes_needed = needed;
     summary.exposed_comm_fraction = wait_fraction_sum / job.opt.iters, summary.peak_rss_bytes = rss;
+    summary.nodes = ctx.nodes;
     if (check) summary.max_abs_err = check->max_abs_err();
     Json j = summary_json(summary);  // then what only the job reports
     if (job.execution.backend == "cpu") j["isa"] = kernels::cpu_isa();

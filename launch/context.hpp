@@ -14,6 +14,7 @@ struct LaunchContext {
   comm::Communicator& world;
   int local_rank = 0;   // among the ranks on this node
   int local_ranks = 1;  // ranks on this node
+  int nodes = 1;        // nodes the job spans (MPI_Comm_split_type, as local_rank)
   int hardware_threads = 1;  // the node's
   int affinity_cpus = 1;     // those this rank may run on (launch/cpu_binding.hpp)
   std::vector<std::string> args;  // the subcommand's arguments (without the program and subcommand names)

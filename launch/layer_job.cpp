@@ -643,6 +643,7 @@ int run_layer(LaunchContext& ctx) {
   summary.gflops_per_rank = rate_per_rank(flops + proj_flops, fwd_s, P);  // the whole layer's work
   summary.comm_bytes_sent = kv_sent, summary.comm_bytes_needed = kv_needed;
   summary.exposed_comm_fraction = exposed / P, summary.peak_rss_bytes = uint64_t(rss);
+  summary.nodes = ctx.nodes;
   if (check) summary.max_abs_err = check->max_abs_err();
   Json j = summary_json(summary);  // then what only the layer reports
   j["d_model"] = c.d_model;

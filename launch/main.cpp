@@ -132,10 +132,12 @@ int main(int argc, char** argv) {
 
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  LaunchContext ctx{*world, 0, 1, 1, 1, {}};
+  LaunchContext ctx{*world, 0, 1, 1, 1, 1, {}};
   MPI_Comm_rank(node, &ctx.local_rank);
   MPI_Comm_size(node, &ctx.local_ranks);
   MPI_Comm_free(&node);
+  ctx.nodes = ctx.local_rank == 0;  // a node is counted by its first rank
+  MPI_Allreduce(MPI_IN_PLACE, &ctx.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   ctx.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.affinity_cpus = ringattn::cpus_in_affinity(ctx.hardware_threads);
 

@@ -24,6 +24,7 @@ struct RunSummary {
   double gflops_per_rank = 0.0;           // forward rate (rate_per_rank; the layer counts its projections too)
   uint64_t comm_bytes_sent = 0, comm_bytes_needed = 0;  // forward K/V, summed over ranks
   double exposed_comm_fraction = 0.0;     // time waiting for data / forward time
+  int nodes = 1;                          // the nodes the ranks span (MPI_Comm_split_type)
   uint64_t peak_rss_bytes = 0;            // max over ranks
   std::optional<double> max_abs_err;      // with --check
 };
@@ -45,7 +46,7 @@ void visit_summary(const RunSummary& s, Visit&& visit) {
       {"threads", s.threads}, {"forward_s", s.forward_s}, {"backward_s", optional(s.backward_s)},
       {"flops_forward", s.flops_forward}, {"gflops_per_rank", s.gflops_per_rank},
       {"comm_bytes_sent", s.comm_bytes_sent}, {"comm_bytes_needed", s.comm_bytes_needed},
-      {"exposed_comm_fraction", s.exposed_comm_fraction}, {"peak_rss_bytes", s.peak_rss_bytes},
+      {"exposed_comm_fraction", s.exposed_comm_fraction}, {"nodes", s.nodes}, {"peak_rss_bytes", s.peak_rss_bytes},
       {"max_abs_err", optional(s.max_abs_err)}};
   for (const auto& [key, value] : fields) visit(key, value);
 }

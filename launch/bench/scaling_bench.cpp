@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/cpu_binding.hpp"
@@ -259,6 +260,8 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   ScalingPoint pt;
   pt.ranks = P;
   pt.ulysses = ulysses;
+  const std::vector<int> node_of_rank = comm.node_of_ranks();  // entry r: the least rank of r's node
+  pt.nodes = static_cast<int>(std::set<int>(node_of_rank.begin(), node_of_rank.end()).size());
   pt.seq_len = L;
   if (b.check) {
     const bool host = backend->memory() == comm::MemorySpace::host;
@@ -340,8 +343,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   ScalingSetup setup;
   setup.weak = b.weak, setup.backward = b.backward, setup.ranks = b.ranks;
   setup.job_ranks = world.size(), setup.hardware_threads = ctx.hardware_threads, setup.threads = b.threads;
-  setup.nodes = ctx.local_rank == 0;
-  world.allreduce(&setup.nodes, 1, comm::DataType::i32, comm::ReduceOp::sum);
+  setup.nodes = ctx.nodes;
   setup.seq_len = b.opt.seq_len, setup.tokens_per_rank = b.opt.tokens_per_rank;
   setup.batch = b.dims.batch, setup.heads = b.dims.heads, setup.kv_heads = b.dims.kv_heads;
   setup.head_dim = b.dims.head_dim;

@@ -13,7 +13,7 @@ namespace {
 const std::vector<std::string> kSpecKeys = {
     "ranks", "batch", "seq_len", "heads", "kv_heads", "head_dim", "mask", "layout", "schedule", "dtype", "backend",
     "comm", "threads", "forward_s", "backward_s", "flops_forward", "gflops_per_rank", "comm_bytes_sent",
-    "comm_bytes_needed", "exposed_comm_fraction", "peak_rss_bytes", "max_abs_err"};
+    "comm_bytes_needed", "exposed_comm_fraction", "nodes", "peak_rss_bytes", "max_abs_err"};
 
 TEST(Summary, VisitsEverySpecKeyInOrderWithNullForWhatDidNotRun) {
   RunSummary s;
