@@ -31,7 +31,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 name=${RINGATTN_NETNS:-ringattn}
 state_root=/run/ringattn-netns
 dir=$state_root/$name
-state=$dir/config  # CLUSTER_NODES, CLUSTER_SLOT, CLUSTER_RATE (sourced)
+state=$dir/config  # CLUSTER_NODES, CLUSTER_SLOT, CLUSTER_RATE, CLUSTER_RATE_BYTES (bytes/s; sourced)
 made=$dir/made     # what up made, one per line, in order
 
 die() {
@@ -93,6 +93,12 @@ free_slot() {
 
 record() { echo "$1" >>"$made"; }
 
+write_config() {
+  local bytes=0
+  [ "$3" = none ] || bytes=$(rate_bytes "$3")
+  echo "CLUSTER_NODES=$1 CLUSTER_SLOT=$2 CLUSTER_RATE=$3 CLUSTER_RATE_BYTES=$bytes" >"$state"
+}
+
 cmd_up() {
   local n=${1:-} rate=""
   shift || true
@@ -115,7 +121,7 @@ cmd_up() {
   slot=$(free_slot)
   echo "$slot" >"$dir/slot"
   echo "# launch/cluster/netns.sh up $n${rate:+ --rate $rate}: what down removes, in reverse" >"$made"
-  echo "CLUSTER_NODES=$n CLUSTER_SLOT=$slot CLUSTER_RATE=${rate:-none}" >"$state"
+  write_config "$n" "$slot" "${rate:-none}"
   trap 'echo "netns.sh: up failed; removing what it made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
   local data_br=ra${slot}d mgmt_br=ra${slot}m i ns
   ip link add "$data_br" type bridge && record "LINK $data_br"
@@ -201,16 +207,24 @@ cmd_mpirun() {
   cluster_env
   # One rank per node unless told otherwise; the nodes share this machine's cores, so binding
   # each node's ranks to "its" cores would stack them on the same ones: unbound unless told.
-  local arg np=1 map=1 bind=1
+  local arg prev="" np="" map=1 bind=1
   for arg in "$@"; do
+    case $prev in -np | -n | --np | -c) np=$arg ;; esac
     case $arg in
-      -np | -n | --np | -c) np=0 ;;
       --map-by | --npernode | -npernode | -N | --ppr | -ppr | --bynode | --byslot) map=0 ;;
       --bind-to | --bind-to=*) bind=0 ;;
     esac
+    prev=$arg
   done
   local extra=()
-  [ "$np" = 0 ] || extra+=(-np "$CLUSTER_NODES")
+  [ -n "$np" ] || extra+=(-np "$CLUSTER_NODES")
+  # More ranks than this machine has cores: a rank waiting for data sleeps between polls rather
+  # than spin (comm/mpi_communicator.cpp), leaving the cores to the ranks that compute; each
+  # node alone would not know that the others share its cores.
+  local ranks=${np:-$CLUSTER_NODES}
+  if [[ $ranks =~ ^[0-9]+$ ]] && [ "$ranks" -gt "$(nproc)" ]; then
+    export RINGATTN_OVERSUBSCRIBED=${RINGATTN_OVERSUBSCRIBED:-1}
+  fi
   [ "$map" = 0 ] || extra+=(--map-by node)
   [ "$bind" = 0 ] || extra+=(--bind-to none)
   exec mpirun --hostfile "$HOSTFILE" "${extra[@]}" "$@"
@@ -251,6 +265,7 @@ case $cmd in
       shape "$(node_ns "$i")" data0 "$new"
       shape "" "ra${CLUSTER_SLOT}d$i" "$new"
     done
+    [ $# -gt 0 ] || write_config "$CLUSTER_NODES" "$CLUSTER_SLOT" "$new"
     ;;
   status)
     load_state
