@@ -27,14 +27,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETNS = os.path.join(ROOT, "launch", "cluster", "netns.sh")
 sys.path.insert(0, os.path.join(HERE, "..", "cli"))
-from cli_test import Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines, run_cases  # noqa: E402
+from cli_test import (Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines, run_cases,  # noqa: E402
+                      run_groups)
 
 STATE_ROOT = "/run/ringattn-netns"
 PREFIX = "rtest"  # test clusters: rtest<pid><group letter>
@@ -204,13 +204,17 @@ def group_cluster(ringattn, w):
             expect(j["nodes"] == expected and j["ranks"] == np,
                    "%d ranks %s: nodes %s, expected %d" % (np, mpirun, j["nodes"], expected), r)
 
+    # What a node sends on data0 beyond the K/V: TCP/IP headers, ACKs of what it receives,
+    # retransmissions, Open MPI's headers and handshakes, the job's collectives (measured 1-4%).
+    slack = lambda payload: 1.06 * payload + 4 * 64 * 1024
+
     @case("bytes on the wire (veth counters) = the JSON's comm_bytes_sent, within TCP/IP and control overhead")
     def wire_bytes():
         for args in (small, ["--seq-len", "6144", "--heads", "2", "--head-dim", "64", "--causal", "--dtype", "bf16",
                              "--threads", "1"]):
             j, wire, r = job(args, 4)
             sent = j["comm_bytes_sent"]
-            expect(sent <= wire <= 1.03 * sent + 4 * 64 * 1024,
+            expect(sent <= wire <= slack(sent),
                    "%d bytes on the wire for comm_bytes_sent %d (%.3fx)" % (wire, sent, wire / sent), r)
             note("wire: %d bytes, comm_bytes_sent %d (%.4fx)" % (wire, sent, wire / sent))
 
@@ -227,13 +231,13 @@ def group_cluster(ringattn, w):
             j["nodes"], a2a, ring), r)
         # (--check moves a few sampled rows too.)
         wire_inside = wire
-        expect(ring <= wire <= 1.03 * ring + 4 * 64 * 1024,
+        expect(ring <= wire <= slack(ring),
                "%d bytes on the wire, the ring's K/V %d: the all-to-all's %d crossed nodes?" % (wire, ring, a2a), r)
         # The control: told (by the test seam) that every rank is a node of its own, the groups are
         # consecutive ranks, which round-robin placement puts on different nodes, and then the
         # all-to-all crosses (and the ring, between ranks 0 and 2, 1 and 3, stays inside).
         j, wire, r = job(args, 4, mapping, env={"RINGATTN_TEST_NODES": "0,1,2,3"})
-        expect(a2a <= wire <= 1.03 * a2a + 4 * 64 * 1024, "groups across nodes: %d bytes on the wire, expected the "
+        expect(a2a <= wire <= slack(a2a), "groups across nodes: %d bytes on the wire, expected the "
                "all-to-all's %d" % (wire, a2a), r)
         note("ulysses: ring %d, all-to-all %d bytes; on the wire %d (groups in nodes), %d (groups across)" % (
             ring, a2a, wire_inside, wire))
@@ -397,19 +401,8 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(128 + s))
     remove_stale_clusters()
-    failures = []
-    for group in args.groups:
-        workdir = tempfile.mkdtemp(prefix="ringattn-netns-%s-" % group)
-        try:
-            t0 = time.monotonic()
-            failures += GROUPS[group](os.path.abspath(args.ringattn), workdir)
-            print("# %s: %.1f s" % (group, time.monotonic() - t0), flush=True)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if failures:
-        print("%d failed: %s" % (len(failures), ", ".join(failures)))
-        return 1
-    return 0
+    ringattn = os.path.abspath(args.ringattn)
+    return run_groups(args.groups, "ringattn-netns", lambda group, workdir: GROUPS[group](ringattn, workdir))
 
 
 if __name__ == "__main__":
