@@ -33,8 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETNS = os.path.join(ROOT, "launch", "cluster", "netns.sh")
 sys.path.insert(0, os.path.join(HERE, "..", "cli"))
-from cli_test import (Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines, run_cases,  # noqa: E402
-                      run_groups)
+from cli_test import Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines, run_groups  # noqa: E402
 
 STATE_ROOT = "/run/ringattn-netns"
 PREFIX = "rtest"  # test clusters: rtest<pid><group letter>
@@ -137,6 +136,20 @@ def wait_until(condition, limit, what):
         if time.monotonic() > deadline:
             raise Failure("%s: not within %.0f s" % (what, limit))
         time.sleep(0.02)
+
+
+def run_in_turn(cases):
+    """The cases one after the other, in this thread (so that a signal ends the group at once, and
+    its cluster is removed); returns the names of those that failed."""
+    failures = []
+    for name, fn in cases:
+        try:
+            fn()
+            print("ok    %s" % name, flush=True)
+        except Failure as e:
+            failures.append(name)
+            print("FAIL  %s: %s" % (name, e), flush=True)
+    return failures
 
 
 def read_json(path):
@@ -256,7 +269,7 @@ def group_cluster(ringattn, w):
         expect(got == [(1, 1), (2, 2), (4, 4)] and doc["config"]["nodes"] == 4, "points (ranks, nodes): %s" % got)
 
     try:
-        failures = run_cases(cases, lambda c_: (c_[1](), c_[0])[1], 1)
+        failures = run_in_turn(cases)
         expect(not c.processes_left(), "processes left in the namespaces: %s" % c.processes_left(0))
     finally:
         c.down()
@@ -378,7 +391,7 @@ def group_faults(ringattn, w):
         note("cut: forward %.2f s (median of 3), %s" % (j["forward_s"], shown.group(0)))
 
     try:
-        return run_cases(cases, lambda c_: (c_[1](), c_[0])[1], 1)
+        return run_in_turn(cases)
     finally:
         c.down()
 
