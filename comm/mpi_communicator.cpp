@@ -69,6 +69,10 @@ void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration
 // More ranks on this node than online cores (the launcher's local size, where it says one).
 bool node_oversubscribed() {
   static const bool oversubscribed = [] {
+    // Set by whoever knows better than the rank count of this node, e.g. launch/cluster/netns.sh,
+    // whose nodes share one machine's cores.
+    if (const char* forced = std::getenv("RINGATTN_OVERSUBSCRIBED"); forced && *forced)
+      return std::string(forced) != "0";
     long local = 0;
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name)) local = std::max(local, std::strtol(v, nullptr, 10));

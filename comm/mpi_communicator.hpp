@@ -19,8 +19,9 @@
 // Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
 // over shared memory only while a rank is inside MPI), yielding the core between polls to any
 // other runnable process (sched_yield); when the node runs more ranks than cores
-// (oversubscribed), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving its core to a
-// rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
+// (oversubscribed; RINGATTN_OVERSUBSCRIBED=1 or 0 says so where the launcher knows better, as on
+// nodes that share one machine), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving
+// its core to a rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
 // the tag and what was awaited, and what a roll call found (roll_call.hpp): which ranks of the
 // communicator did not answer within roll_call_grace() (timeout / 5, between 0.1 and 2 s) more,
 // so that a collective, which cannot say who is missing, and a wait on a neighbour that is only

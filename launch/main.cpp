@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
   install_signal_handlers(world->rank(), world->size());
 
   ringattn::TestSeam seam;
-  LaunchContext ctx{*world, seam, 0, 1, 1, 1, {}};
+  LaunchContext ctx{*world, seam};
   ctx.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.affinity_cpus = ringattn::cpus_in_affinity(ctx.hardware_threads);
 
@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
     const ringattn::NodeMap nodes = ringattn::find_nodes(*world);  // a bounded collective
     ctx.local_rank = nodes.local_rank(world->rank());
     ctx.local_ranks = nodes.local_ranks(world->rank());
+    ctx.nodes = nodes.nodes();
     agree_to_start(*world, command, seam);
     code = dispatch(ctx, command);
   } catch (const ringattn::JobFailed& e) {

@@ -271,6 +271,7 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   ScalingPoint pt;
   pt.ranks = P;
   pt.ulysses = ulysses;
+  pt.nodes = session->nodes().nodes();  // the point's ranks may span fewer nodes than the job's
   pt.seq_len = L;
   if (b.check) {
     const bool host = backend->memory() == comm::MemorySpace::host;
@@ -352,8 +353,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   ScalingSetup setup;
   setup.weak = b.weak, setup.backward = b.backward, setup.ranks = b.ranks;
   setup.job_ranks = world.size(), setup.hardware_threads = ctx.hardware_threads, setup.threads = b.threads;
-  setup.nodes = ctx.local_rank == 0;
-  world.allreduce(&setup.nodes, 1, DType::i32, comm::ReduceOp::sum);
+  setup.nodes = ctx.nodes;
   setup.seq_len = b.opt.seq_len, setup.tokens_per_rank = b.opt.tokens_per_rank;
   setup.batch = b.dims.batch, setup.heads = b.dims.heads, setup.kv_heads = b.dims.kv_heads;
   setup.head_dim = b.dims.head_dim;

@@ -16,6 +16,7 @@ struct LaunchContext {
   const TestSeam& seam;  // the tests' seam, read once at start-up (empty outside tests)
   int local_rank = 0;   // among the ranks on this node
   int local_ranks = 1;  // ranks on this node
+  int nodes = 1;        // nodes the job spans (MPI_Comm_split_type, as local_rank)
   int hardware_threads = 1;  // the node's
   int affinity_cpus = 1;     // those this rank may run on (launch/cli/cpu_binding.hpp)
   std::vector<std::string> args;  // the subcommand's arguments (without the program and subcommand names)

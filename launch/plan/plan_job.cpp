@@ -51,6 +51,7 @@ struct PlanOptions {
   double tolerance = 0.15;
   bool check = false, same_run = false;
   double machine_bandwidth = 0.0, machine_latency = 0.0;
+  double machine_inter_bandwidth = 0.0, machine_inter_latency = 0.0;  // between the nodes of multi-node points
   std::string ulysses;  // hybrid degrees to compare ("auto": 1, 2, 4, ...)
 };
 
@@ -130,6 +131,11 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
        "the machine's own link between ranks, bandwidth (0 = unlimited; default: fitted with the latency)")
       ("machine-link-latency", po::value(&o.machine_latency)->default_value(0.0)->value_name("US"),
        "its latency (default: both fitted to the points run without emulation)")
+      ("machine-inter-bandwidth", po::value(&o.machine_inter_bandwidth)->default_value(0.0)->value_name("GBPS"),
+       "points that spanned several nodes (their JSON's nodes): a node's link to the others, bandwidth per "
+       "direction (0 = unlimited; the cluster in a box: its --rate's TCP payload rate)")
+      ("machine-inter-latency", po::value(&o.machine_inter_latency)->default_value(0.0)->value_name("US"),
+       "its latency")
       ("save-calibration", po::value(&o.save_calibration)->value_name("FILE.json"), "write the fitted machine (a --cluster file)")
       ("json", po::value(&o.json)->value_name("FILE"), "write predictions (and the calibration) as JSON");
   po::options_description all("ringattn plan options");
@@ -256,6 +262,8 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
       MeasuredPoint mp;
       mp.label = path + "#" + std::to_string(i);
       mp.ranks = static_cast<int>(p.number_or("ranks", 0));
+      mp.nodes = std::max(1, static_cast<int>(p.number_or("nodes", 1)));  // older files: one node
+      const int point_nodes = p.find("nodes") ? mp.nodes : nodes;
       Workload& w = mp.workload;
       w.batch = static_cast<int64_t>(p.number_or("batch", 1));
       w.seq_len = static_cast<int64_t>(p.number_or("seq_len", 0));
@@ -273,7 +281,7 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
       if (t != *threads)
         throw usage_error("--calibrate " + mp.label + ": ran " + std::to_string(t) + " threads per rank, others " +
                          std::to_string(*threads) + ": calibrate one thread count at a time");
-      if (!keep_oversubscribed && hardware > 0 && (mp.ranks + nodes - 1) / nodes * t > hardware) {
+      if (!keep_oversubscribed && hardware > 0 && (mp.ranks + point_nodes - 1) / point_nodes * t > hardware) {
         skipped.push_back(mp.label + " (" + std::to_string(mp.ranks) + " ranks x " + std::to_string(t) +
                           " threads oversubscribe " + std::to_string(hardware) + " hardware threads)");
         continue;
@@ -315,9 +323,11 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     std::vector<std::string> skipped;
     const std::vector<MeasuredPoint> points = load_points(o.calibrate, &threads, skipped, true);
     if (points.empty()) throw usage_error("--calibrate " + o.calibrate + ": no usable points");
-    Calibration own;  // no fit: each point's rates come from its run; the machine's link as given (default unlimited)
+    // No fit: each point's rates come from its run; the machine's links as given (default unlimited).
+    Calibration own;
     own.machine.name = "each run's own kernel rates";
     own.machine.intra = {o.machine_bandwidth, o.machine_latency};
+    own.machine.inter = {o.machine_inter_bandwidth, o.machine_inter_latency};
     const std::vector<Comparison> rows = compare_same_run(points, own.machine);
     within = print_calibration(own, threads, rows, skipped, o.tolerance, true);
     out["calibration"] = calibration_json(own, rows, o.tolerance);
@@ -335,6 +345,7 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     start.name = "this machine (calibrated)";
     start.forward_gflops = start.backward_gflops = 100.0;
     start.intra = {o.machine_bandwidth, o.machine_latency};
+    start.inter = {o.machine_inter_bandwidth, o.machine_inter_latency};
     const Calibration cal =
         calibrate(fit_points, start, !given(vm, "machine-link-latency") && !given(vm, "machine-link-bandwidth"));
     machine = cal.machine;

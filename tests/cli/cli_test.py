@@ -759,6 +759,24 @@ def group_binding(runner, w, jobs):
     return run_cases(cases, one, jobs)
 
 
+def run_groups(groups, prefix, run):
+    """run(group, workdir) for each group, each in a temporary folder removed after it; returns the
+    exit code (1 when a case failed)."""
+    failures = []
+    for group in groups:
+        workdir = tempfile.mkdtemp(prefix="%s-%s-" % (prefix, group))
+        try:
+            t0 = time.monotonic()
+            failures += run(group, workdir)
+            print("# %s: %.1f s" % (group, time.monotonic() - t0), flush=True)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if failures:
+        print("%d failed: %s" % (len(failures), ", ".join(failures)))
+        return 1
+    return 0
+
+
 GROUPS = {"bad_inputs": group_bad_inputs, "agreement": group_agreement, "numerics": group_numerics,
           "faults": group_faults, "binding": group_binding}
 
@@ -773,20 +791,8 @@ def main():
     if os.geteuid() == 0:
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    failures = []
-    for group in args.groups:
-        workdir = tempfile.mkdtemp(prefix="ringattn-cli-%s-" % group)
-        try:
-            t0 = time.monotonic()
-            runner = Runner(os.path.abspath(args.ringattn), args.mpiexec, workdir)
-            failures += GROUPS[group](runner, workdir, args.jobs)
-            print("# %s: %.1f s" % (group, time.monotonic() - t0), flush=True)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if failures:
-        print("%d failed: %s" % (len(failures), ", ".join(failures)))
-        return 1
-    return 0
+    return run_groups(args.groups, "ringattn-cli", lambda group, workdir: GROUPS[group](
+        Runner(os.path.abspath(args.ringattn), args.mpiexec, workdir), workdir, args.jobs))
 
 
 if __name__ == "__main__":
