@@ -46,7 +46,7 @@ struct AttentionState {
 
 // How a kernel rounds, for the same-precision reference its results are judged against
 // (kernels/error_rule.hpp): every product in fp32 (bf16 inputs converted exactly), or P and dS
-// rounded to bf16 before their products (FlashAttention-2's bf16 contract).
-enum class SamePrecision { fp32, bf16_products };
+// rounded to bf16 (fp16) before their products (FlashAttention-2's bf16 and fp16 contracts).
+enum class SamePrecision { fp32, bf16_products, fp16_products };
 
 }  // namespace ringattn::kernels

@@ -10,11 +10,12 @@ namespace ringattn::kernels {
 namespace {
 
 // What the tensor-core kernels feed their second products: P (forward, and dV = P^T dO) and dS
-// (dQ = dS K, dK = dS^T Q) rounded to bf16; the softmax sums stay fp32.
+// (dQ = dS K, dK = dS^T Q) rounded to the input type; the softmax sums stay fp32.
 template <class T>
 T product_operand(T x, SamePrecision precision) {
-  if (precision != SamePrecision::bf16_products) return x;
-  return T(bf16_to_float(float_to_bf16(float(x))));
+  if (precision == SamePrecision::bf16_products) return T(bf16_to_float(float_to_bf16(float(x))));
+  if (precision == SamePrecision::fp16_products) return T(fp16_to_float(float_to_fp16(float(x))));
+  return x;
 }
 
 // Keys [first, last) of one query row that the mask may show: with keys in ascending positions

@@ -38,7 +38,8 @@ void reference_backward(const AttentionDims& dims, const float* q, const int64_t
 // reference" whose error against fp64 sets the bound of every check (kernels/error_rule.hpp).
 // Inputs are what the kernel saw (bf16 inputs converted exactly), so fp32 accumulation models the
 // bf16 kernels too; SamePrecision::bf16_products (kernels/attention.hpp) also rounds P and dS to
-// bf16 before their products, as the tensor-core kernels and the CPU's bf16 dot path do.
+// bf16 before their products, as the tensor-core kernels and the CPU's bf16 dot path do
+// (fp16_products: to fp16, as the tensor-core kernels do with fp16 inputs).
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
                         float* o, float* lse, SamePrecision precision = SamePrecision::fp32);

@@ -6,7 +6,7 @@ check) and as a sharded HF checkpoint (model.safetensors.index.json over two fil
 v/o in float32) with a PEFT adapter (use_rslora) written by safetensors.numpy.save_file. Both runs at
 2 ranks must give the same Y and dX; --save-adapter and --merge-out FILE.safetensors must load back
 with safetensors.numpy.load_file and hold the factors and W0 + (alpha / sqrt(r)) B A.
-  build/pyenv/bin/python tests/launch/layer_safetensors_files.py BUILD_DIR MPIEXEC [MPI flags...]
+  build/pyenv/bin/python tests/launch/layer/layer_safetensors_files.py BUILD_DIR MPIEXEC [MPI flags...]
 """
 import json
 import os

@@ -10,7 +10,7 @@ Checks, for each model:
     adapter loads with peft.PeftModel.from_pretrained, its output equals ours, and its factors equal
     those of the same N SGD steps taken by PyTorch autograd on the HF module.
 Needs torch 2.x, transformers and peft (skips, exit 0, when they are not importable):
-  /opt/torchenv/bin/python tests/launch/hf_compare_layer.py [--ringattn build/ringattn]
+  /opt/torchenv/bin/python tests/launch/layer/hf_compare_layer.py [--ringattn build/ringattn]
 Prints the largest errors relative to the largest value of each tensor; exits 1 above the tolerance.
 """
 import argparse
@@ -150,7 +150,7 @@ def compare(exe, kind, work, failures):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ringattn", default=os.path.join(os.path.dirname(__file__), "../../build/ringattn"))
+    parser.add_argument("--ringattn", default=os.path.join(os.path.dirname(__file__), "../../../build/ringattn"))
     args = parser.parse_args()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")
     failures = []

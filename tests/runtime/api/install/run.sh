@@ -8,7 +8,7 @@ shift 3
 prefix=$build/install-test/prefix
 rm -rf "$build/install-test"
 cmake --install "$build" --prefix "$prefix" >/dev/null
-cmake -S "$source/tests/install/consumer" -B "$build/install-test/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+cmake -S "$source/tests/runtime/api/install/consumer" -B "$build/install-test/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build/install-test/consumer" >/dev/null
 test -f "$prefix/include/ringattn/ringattn.hpp"
