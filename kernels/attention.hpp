@@ -44,9 +44,26 @@ struct AttentionState {
   float* lse = nullptr;  // (B, H, rows)
 };
 
-// How a kernel rounds, for the same-precision reference its results are judged against
-// (kernels/error_rule.hpp): every product in fp32 (bf16 inputs converted exactly), or P and dS
-// rounded to bf16 before their products (FlashAttention-2's bf16 contract).
-enum class SamePrecision { fp32, bf16_products };
+// How the kernels that ran round, for the same-precision reference their results are judged
+// against (kernels/error_rule.hpp), pass by pass: every product in fp32 (bf16 inputs converted
+// exactly), or P (forward: P V) and P, dS (backward) rounded to bf16 before their products
+// (FlashAttention-2's bf16 contract, the tensor cores'); and with *_step_outputs, each ring
+// step's result rounded to bf16 before the fp32 sums across steps (cuDNN's fused attention writes
+// O, dQ, dK, dV in the input type), the backward's delta = rowsum(dO * O) from O rounded to bf16.
+struct SamePrecision {
+  bool forward_products = false;
+  bool backward_products = false;
+  bool forward_step_outputs = false;
+  bool backward_step_outputs = false;
+
+  bool operator==(const SamePrecision&) const = default;
+  static constexpr SamePrecision fp32() { return {}; }
+  static constexpr SamePrecision bf16_products() { return {true, true, false, false}; }
+  // The union of two paths' rounding (some steps on one, some on the other): the looser bound.
+  SamePrecision operator|(const SamePrecision& o) const {
+    return {forward_products || o.forward_products, backward_products || o.backward_products,
+            forward_step_outputs || o.forward_step_outputs, backward_step_outputs || o.backward_step_outputs};
+  }
+};
 
 }  // namespace ringattn::kernels

@@ -179,7 +179,7 @@ class CudaBackend final : public AttentionBackend {
     alignas(16) static const char aligned[16] = {};
     const std::string kernel =
         kernels::cuda_kernel_name(dims, dtype, aligned, aligned, aligned, options());
-    return kernel == "tensor_core" ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
+    return kernel == "tensor_core" ? kernels::SamePrecision::bf16_products() : kernels::SamePrecision::fp32();
   }
   kernels::CudaOptions options() const {
     kernels::CudaOptions o;

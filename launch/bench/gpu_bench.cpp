@@ -261,8 +261,8 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
       got.dq = dq_host.data(), got.dk = dk_host.data(), got.dv = dv_host.data();
     }
     const kernels::SamePrecision precision = std::string(p.kernel) == "tensor_core"
-                                                 ? kernels::SamePrecision::bf16_products
-                                                 : kernels::SamePrecision::fp32;
+                                                 ? kernels::SamePrecision::bf16_products()
+                                                 : kernels::SamePrecision::fp32();
     const kernels::SampledErrors e = kernels::check_sampled_rows(
         kernels::WholeProblem{dims, L, mask, qf.data(), kf.data(), vf.data(), o.backward ? df.data() : nullptr,
                               precision},

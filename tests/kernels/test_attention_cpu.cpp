@@ -42,7 +42,7 @@ Outputs run_naive_fp32(const Problem& p, bool bf16_products = false) {
   kernels::naive_backward_fp32(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(),
                                p.k_pos.data(), p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask,
                                r.dq.data(), r.dk.data(), r.dv.data(),
-                               bf16_products ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32);
+                               bf16_products ? kernels::SamePrecision::bf16_products() : kernels::SamePrecision::fp32());
   return r;
 }
 
