@@ -34,6 +34,7 @@ struct KeyValueRows {
   DType dtype = DType::f32;
   int64_t rows = 0;
   const int64_t* pos = nullptr;
+  int step = -1;  // the id a backend's prepare() gave this step of a ring (-1: none)
 };
 
 // Partial result of the queries against the keys seen so far: O normalised by its own softmax
