@@ -11,8 +11,10 @@ find_path(CUDNN_FRONTEND_INCLUDE_DIR NAMES cudnn_frontend.h
 find_path(CUDNN_INCLUDE_DIR NAMES cudnn.h
   HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDNN_HOME}/include $ENV{CUDNN_PATH}/include /usr/local/include /usr/include)
 if(CUDNN_FRONTEND_INCLUDE_DIR AND CUDNN_INCLUDE_DIR)
-  file(STRINGS ${CUDNN_FRONTEND_INCLUDE_DIR}/cudnn_frontend_version.h fe_version REGEX "define CUDNN_FRONTEND_(MAJOR|MINOR)_VERSION")
-  message(STATUS "ringattn: cuDNN path built with cudnn-frontend from ${CUDNN_FRONTEND_INCLUDE_DIR} (${fe_version}), cudnn.h from ${CUDNN_INCLUDE_DIR}")
+  file(STRINGS ${CUDNN_FRONTEND_INCLUDE_DIR}/cudnn_frontend_version.h fe_version REGEX "define CUDNN_FRONTEND_(MAJOR|MINOR|PATCH)_VERSION ")
+  string(REGEX REPLACE "[^0-9;]" "" fe_version "${fe_version}")
+  string(REPLACE ";" "." fe_version "${fe_version}")
+  message(STATUS "ringattn: cuDNN path built: cudnn-frontend ${fe_version} (${CUDNN_FRONTEND_INCLUDE_DIR}), cudnn.h from ${CUDNN_INCLUDE_DIR}")
   add_library(ringattn_cudnn STATIC ${PROJECT_SOURCE_DIR}/kernels/cudnn/cudnn_engine.cpp)
   # The frontend's own include order and warnings are not ours to fix.
   target_include_directories(ringattn_cudnn SYSTEM PRIVATE ${CUDNN_FRONTEND_INCLUDE_DIR} ${CUDNN_INCLUDE_DIR})

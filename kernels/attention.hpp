@@ -57,7 +57,10 @@ struct SamePrecision {
   bool forward_step_outputs = false;
   bool backward_step_outputs = false;
 
-  bool operator==(const SamePrecision&) const = default;
+  bool operator==(const SamePrecision& o) const {  // (C++17: the CUDA sources include this)
+    return forward_products == o.forward_products && backward_products == o.backward_products &&
+           forward_step_outputs == o.forward_step_outputs && backward_step_outputs == o.backward_step_outputs;
+  }
   static constexpr SamePrecision fp32() { return {}; }
   static constexpr SamePrecision bf16_products() { return {true, true, false, false}; }
   // The union of two paths' rounding (some steps on one, some on the other): the looser bound.

@@ -144,8 +144,8 @@ class AttentionBackend {
   virtual void after_stream(void* stream) { (void)stream; }
   virtual void before_stream(void* stream) { (void)stream; }
   // How the kernels this backend ran round, for these shapes and this input type: the
-  // same-precision model the --check compares against (kernels/error_rule.hpp). Where the passes
-  // since prepare() ran steps on cuDNN, its rounding is included.
+  // same-precision model the --check compares against (kernels/error_rule.hpp). Where passes ran
+  // steps on cuDNN, its rounding is included.
   virtual kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;

@@ -127,7 +127,8 @@ std::string CudnnSteps::status() const { return engine_->describe(); }
 
 std::string CudnnSteps::unsupported(const kernels::AttentionDims& dims, DType dtype) const {
   if (!engine_->available()) return engine_->describe();
-  if (dtype != DType::bf16) return std::string("cuDNN's fused attention runs bf16 inputs here, not ") + dtype_name(dtype);
+  if (dtype != DType::bf16)
+    return std::string("cuDNN's fused attention runs bf16 inputs here, not ") + dtype_name(dtype);
   // cudnn-frontend 1.32: head dims multiples of 8, at most 256 on Hopper, 128 elsewhere (9.x).
   const int64_t most = engine_->sm_version() == 90 ? 256 : 128;
   if (dims.head_dim % 8 != 0 || dims.head_dim > most)
@@ -144,9 +145,8 @@ bool CudnnSteps::plan_pass(const PrepareRequest& r, const StepPositions& sp, Sdp
   const bool deterministic = pass == SdpaPass::backward && r.deterministic;
   if (deterministic && !deterministic_backward_available(version, sm)) return false;
   const int64_t elements = r.dims.batch * std::max(sp.q_rows, sp.k_rows) * r.dims.heads * r.dims.head_dim;
-  const kernels::cudnn::StepPlan plan =
-      kernels::cudnn::plan_step(r.mask, {sp.q_pos, sp.q_rows}, {sp.k_pos, sp.k_rows},
-                                kernels::cudnn::capabilities(version, sm, elements), pass);
+  const kernels::cudnn::StepPlan plan = kernels::cudnn::plan_step(
+      r.mask, {sp.q_pos, sp.q_rows}, {sp.k_pos, sp.k_rows}, kernels::cudnn::capabilities(version, sm, elements), pass);
   if (!plan.cudnn) return false;
   std::vector<Call> calls;
   std::vector<unsigned char> meta = host_meta;
@@ -159,7 +159,8 @@ bool CudnnSteps::plan_pass(const PrepareRequest& r, const StepPositions& sp, Sdp
     const size_t ws = engine_->workspace_bytes(call.shape);
     // A deterministic workspace that grows with s_q x s_kv (cuDNN before 9.25 on Hopper) is not ours to give.
     const double linear = 16.0 * double(call.shape.batch * call.shape.heads * call.shape.head_dim) *
-                              double(call.shape.s_q + call.shape.s_kv) + double(64 << 20);
+                              double(call.shape.s_q + call.shape.s_kv) +
+                          double(64 << 20);
     if (deterministic && double(ws) > linear) return false;
     workspace_->reserve(ws);
     call.meta = append_meta(c, r.dims, sp.q_rows, sp.k_rows, meta);
@@ -175,12 +176,11 @@ std::vector<int> CudnnSteps::prepare(const PrepareRequest& r) {
   std::vector<int> ids(r.steps.size(), -1);
   if (r.kernel == KernelChoice::own) return ids;
   const std::string problem = unsupported(r.dims, r.dtype);
-  if (!engine_->available() && !said_unavailable_) {
+  if (!engine_->available() && r.dtype == DType::bf16 && !said_unavailable_) {  // once per backend
     std::fprintf(stderr, "ringattn: note: %s: our kernels run every attention step\n", problem.c_str());
     said_unavailable_ = true;
   }
   if (!problem.empty()) return ids;
-  ran_forward_ = ran_backward_ = false;
   const size_t q_row = size_t(r.dims.heads * r.dims.head_dim), k_row = size_t(r.dims.kv_heads * r.dims.head_dim);
   for (size_t t = 0; t < r.steps.size(); ++t) {
     const StepPositions& sp = r.steps[t];
@@ -279,7 +279,8 @@ bool CudnnSteps::backward(const kernels::AttentionDims& dims, const kernels::Que
   const Step* step = find(dims, q.dtype, q, kv);
   if (!step || !step->backward) return false;
   const int64_t q_row = dims.heads * dims.head_dim, k_row = dims.kv_heads * dims.head_dim;
-  auto *dq_call = dq_call_->get<bf16_bits>(), *dk_call = dk_call_->get<bf16_bits>(), *dv_call = dv_call_->get<bf16_bits>();
+  auto *dq_call = dq_call_->get<bf16_bits>(), *dk_call = dk_call_->get<bf16_bits>(),
+       *dv_call = dv_call_->get<bf16_bits>();
   for (const Call& call : step->backward_calls) {
     const Meta m = meta(*step, call);
     const int64_t nseg = int64_t(call.segments.size());

@@ -48,7 +48,8 @@ class CudnnSteps {
   bool backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
                 const void* dout, const float* lse, float* dq, float* dk, float* dv);
 
-  // Whether a pass since the last prepare() ran a step here (for the same-precision model).
+  // Whether a pass ran a step here (for the same-precision model: sticky, so a backend that ever
+  // ran cuDNN is judged with its rounding, the looser bound).
   bool ran_forward() const { return ran_forward_; }
   bool ran_backward() const { return ran_backward_; }
 

@@ -63,9 +63,12 @@ void validate(const SdpaGraphShape& g) {
   if (g.left_bound == 0 || g.left_bound < -1) refuse(g, "left bound must be at least 1");
   if (g.right_bound < -1) refuse(g, "right bound must be at least 0");
   if (g.ragged && !g.padding) refuse(g, "ragged offsets are only supported with padding mask");
-  if (!g.padding && g.s_q > g.s_kv && (g.left_bound >= 0 || (g.right_bound >= 0 && g.alignment == DiagonalAlignment::bottom_right)))
+  if (!g.padding && g.s_q > g.s_kv &&
+      (g.left_bound >= 0 || (g.right_bound >= 0 && g.alignment == DiagonalAlignment::bottom_right)))
     refuse(g, "sliding window and bottom-right masks need max_s_q <= max_s_kv without padding");
   if (g.tiles_q > 0 && (g.pass != SdpaPass::forward || g.ragged)) refuse(g, "block masks: dense forward only");
+  if (g.tiles_q > 0 && (g.left_bound >= 0 || g.right_bound >= 0))  // the unified node before 9.21
+    refuse(g, "left bound or right bound for unified SDPA node requires cuDNN 9.21.0 or above");
 }
 
 class EmulatedEngine final : public SdpaEngine {
@@ -186,7 +189,8 @@ class EmulatedEngine final : public SdpaEngine {
  private:
   // A call of a graph never prepared, or without its workspace, is the backend's bug.
   void check_prepared(const SdpaGraphShape& g, const void* workspace) const {
-    if (!prepared_.count(g.hash())) throw std::logic_error("cuDNN (emulated): a call of an unprepared graph: " + g.describe());
+    if (!prepared_.count(g.hash()))
+      throw std::logic_error("cuDNN (emulated): a call of an unprepared graph: " + g.describe());
     if (!workspace && workspace_bytes(g) > 0) throw std::logic_error("cuDNN (emulated): a call without its workspace");
   }
   std::unordered_set<size_t> prepared_;

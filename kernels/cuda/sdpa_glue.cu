@@ -53,9 +53,9 @@ unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads);
 
 }  // namespace
 
-void cuda_merge_sdpa_output(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments,
-                            int64_t nseg, int64_t s_q, const bf16_bits* o_call, const float* stats,
-                            const AttentionState& state, cudaStream_t stream) {
+void cuda_merge_sdpa_output(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments, int64_t nseg,
+                            int64_t s_q, const bf16_bits* o_call, const float* stats, const AttentionState& state,
+                            cudaStream_t stream) {
   const int64_t total = dims.batch * nseg * dims.heads * s_q;
   if (total == 0) return;
   gpu::launch_kernel(merge_kernel, blocks_for(total), kThreads, 0, stream, dims, q_rows, segments, nseg, s_q, o_call,
@@ -63,8 +63,8 @@ void cuda_merge_sdpa_output(const AttentionDims& dims, int64_t q_rows, const cud
   RINGATTN_CUDA_CHECK_LAUNCH("cuda_merge_sdpa_output");
 }
 
-void cuda_gather_sdpa_stats(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments,
-                            int64_t nseg, int64_t s_q, const float* lse, float* stats, cudaStream_t stream) {
+void cuda_gather_sdpa_stats(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments, int64_t nseg,
+                            int64_t s_q, const float* lse, float* stats, cudaStream_t stream) {
   const int64_t total = dims.batch * nseg * dims.heads * s_q;
   if (total == 0) return;
   gpu::launch_kernel(gather_kernel, blocks_for(total), kThreads, 0, stream, dims, q_rows, segments, nseg, s_q, lse,
@@ -72,8 +72,8 @@ void cuda_gather_sdpa_stats(const AttentionDims& dims, int64_t q_rows, const cud
   RINGATTN_CUDA_CHECK_LAUNCH("cuda_gather_sdpa_stats");
 }
 
-void cuda_add_sdpa_rows(float* dst, const bf16_bits* src, int64_t batch, int64_t rows, int64_t row_elems,
-                        int64_t row0, int64_t count, cudaStream_t stream) {
+void cuda_add_sdpa_rows(float* dst, const bf16_bits* src, int64_t batch, int64_t rows, int64_t row_elems, int64_t row0,
+                        int64_t count, cudaStream_t stream) {
   const int64_t total = batch * count * row_elems;
   if (total == 0) return;
   gpu::launch_kernel(add_rows_kernel, blocks_for(total), kThreads, 0, stream, dst, src, rows, row_elems, row0, count,

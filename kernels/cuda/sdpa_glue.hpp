@@ -18,17 +18,17 @@ namespace ringattn::kernels {
 
 // state (o, lse over q_rows rows) <- merge(state, call): rows whose Stats is -inf or NaN (cuDNN's
 // fully masked rows) leave the state as it is.
-void cuda_merge_sdpa_output(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments,
-                            int64_t nseg, int64_t s_q, const bf16_bits* o_call, const float* stats,
-                            const AttentionState& state, cudaStream_t stream);
+void cuda_merge_sdpa_output(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments, int64_t nseg,
+                            int64_t s_q, const bf16_bits* o_call, const float* stats, const AttentionState& state,
+                            cudaStream_t stream);
 
 // stats (B x nseg, H, s_q) <- the rows of lse (B, H, q_rows) the segments hold (0 past a segment's rows).
-void cuda_gather_sdpa_stats(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments,
-                            int64_t nseg, int64_t s_q, const float* lse, float* stats, cudaStream_t stream);
+void cuda_gather_sdpa_stats(const AttentionDims& dims, int64_t q_rows, const cudnn::SdpaSegment* segments, int64_t nseg,
+                            int64_t s_q, const float* lse, float* stats, cudaStream_t stream);
 
 // dst rows [row0, row0 + count) of every batch entry += src's (bf16), for one segment's query
 // rows (keys = false) or key rows (keys = true); rows of row_elems elements over `rows` rows.
-void cuda_add_sdpa_rows(float* dst, const bf16_bits* src, int64_t batch, int64_t rows, int64_t row_elems,
-                        int64_t row0, int64_t count, cudaStream_t stream);
+void cuda_add_sdpa_rows(float* dst, const bf16_bits* src, int64_t batch, int64_t rows, int64_t row_elems, int64_t row0,
+                        int64_t count, cudaStream_t stream);
 
 }  // namespace ringattn::kernels

@@ -10,14 +10,13 @@
 // mask's per-sequence lengths, the diagonal band's bounds and alignment as planned, the tile mask
 // as a (batch, heads, tiles_q, ceil(tiles_k / 8)) uint8 tensor broadcast over batch and heads.
 #include <cuda_runtime_api.h>
+#include <cudnn_frontend.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
-
-#include <cudnn_frontend.h>
 
 #include "kernels/cudnn/sdpa_engine.hpp"
 
@@ -74,15 +73,36 @@ std::string version_text(int v) {
 }
 
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kTiles,
-  kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, kRaggedDK, kRaggedDV,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
+  kTiles,
+  kRaggedQ,
+  kRaggedK,
+  kRaggedV,
+  kRaggedO,
+  kRaggedDO,
+  kRaggedDQ,
+  kRaggedDK,
+  kRaggedDV,
 };
 
 fe::DataType_t io_type(DType t) { return t == DType::f16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16; }
 
-// One SDPA graph of `shape` (forward or backward), not yet validated.
-std::shared_ptr<fe::graph::Graph> make_graph(const SdpaGraphShape& g) {
+// One SDPA graph of `shape` (forward or backward), not yet validated; for a target GPU without a
+// device when sm_version > 0 (the frontend picks the SDPA implementation when the node is added,
+// so the target must be known before).
+std::shared_ptr<fe::graph::Graph> make_graph(const SdpaGraphShape& g, int sm_version = 0, int sm_count = 0) {
   auto graph = std::make_shared<fe::graph::Graph>();
+  if (sm_version > 0) graph->set_sm_version(sm_version).set_sm_count(sm_count);
   graph->set_io_data_type(io_type(g.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -120,8 +140,9 @@ std::shared_ptr<fe::graph::Graph> make_graph(const SdpaGraphShape& g) {
                              .set_stride({1, 1, 1, 1})
                              .set_data_type(fe::DataType_t::INT32));
   };
-  const fe::DiagonalAlignment_t alignment =
-      g.alignment == DiagonalAlignment::top_left ? fe::DiagonalAlignment_t::TOP_LEFT : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
+  const fe::DiagonalAlignment_t alignment = g.alignment == DiagonalAlignment::top_left
+                                                ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
 
   auto Q = token_tensor(kQ, "Q", true, kRaggedQ);
   auto K = token_tensor(kK, "K", false, kRaggedK);
@@ -131,7 +152,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const SdpaGraphShape& g) {
     a.set_diagonal_alignment(alignment);
     if (g.right_bound >= 0) a.set_diagonal_band_right_bound(int(g.right_bound));
     if (g.left_bound >= 0) a.set_diagonal_band_left_bound(int(g.left_bound));
-    if (g.padding) a.set_padding_mask(true).set_seq_len_q(lengths(kSeqQ, "seq_q")).set_seq_len_kv(lengths(kSeqKV, "seq_kv"));
+    if (g.padding)
+      a.set_padding_mask(true).set_seq_len_q(lengths(kSeqQ, "seq_q")).set_seq_len_kv(lengths(kSeqKV, "seq_kv"));
     if (g.tiles_q > 0) {
       const int64_t bytes = (g.tiles_k + 7) / 8;
       a.set_block_mask(graph->tensor(fe::graph::Tensor_attributes()
@@ -159,7 +181,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const SdpaGraphShape& g) {
   a.set_diagonal_alignment(alignment);
   if (g.right_bound >= 0) a.set_diagonal_band_right_bound(int(g.right_bound));
   if (g.left_bound >= 0) a.set_diagonal_band_left_bound(int(g.left_bound));
-  if (g.padding) a.set_padding_mask(true).set_seq_len_q(lengths(kSeqQ, "seq_q")).set_seq_len_kv(lengths(kSeqKV, "seq_kv"));
+  if (g.padding)
+    a.set_padding_mask(true).set_seq_len_q(lengths(kSeqQ, "seq_q")).set_seq_len_kv(lengths(kSeqKV, "seq_kv"));
   a.set_deterministic_algorithm(g.deterministic);
   auto [dQ, dK, dV] = graph->sdpa_backward(Q, K, V, O, dO, Stats, a);
   set_output(dQ, kDQ, true, kRaggedDQ);
@@ -203,13 +226,18 @@ class CudnnEngine final : public SdpaEngine {
       handle_ = nullptr;
       return fail("cudnnCreate failed (no usable GPU?)");
     }
-    auto graph = make_graph(shape);
-    fe::error_t e = graph->validate();
-    if (e.is_good()) e = graph->build_operation_graph(handle_);
-    if (e.is_good()) e = graph->create_execution_plans({fe::HeurMode_t::A});
-    if (e.is_good()) e = graph->check_support();
-    if (e.is_good()) e = graph->build_plans();
-    if (!e.is_good()) return fail(shape.describe() + ": " + message(e));
+    std::shared_ptr<fe::graph::Graph> graph;
+    try {  // the frontend reports some refusals by exception
+      graph = make_graph(shape);
+      fe::error_t e = graph->validate();
+      if (e.is_good()) e = graph->build_operation_graph(handle_);
+      if (e.is_good()) e = graph->create_execution_plans({fe::HeurMode_t::A});
+      if (e.is_good()) e = graph->check_support();
+      if (e.is_good()) e = graph->build_plans();
+      if (!e.is_good()) return fail(shape.describe() + ": " + message(e));
+    } catch (const std::exception& e) {
+      return fail(shape.describe() + ": " + e.what());
+    }
     int64_t ws = 0;
     if (!graph->get_workspace_size(ws).is_good()) return fail(shape.describe() + ": no workspace size");
     graphs_[shape.hash()] = Entry{graph, size_t(ws)};
@@ -222,8 +250,11 @@ class CudnnEngine final : public SdpaEngine {
   }
 
   void run_forward(const SdpaGraphShape& g, const SdpaForwardArgs& a) override {
-    std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(a.q)}, {kK, const_cast<void*>(a.k)},
-                                            {kV, const_cast<void*>(a.v)}, {kO, a.o}, {kStats, a.stats}};
+    std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(a.q)},
+                                            {kK, const_cast<void*>(a.k)},
+                                            {kV, const_cast<void*>(a.v)},
+                                            {kO, a.o},
+                                            {kStats, a.stats}};
     add_metadata(g, pack, a.seq_len_q, a.seq_len_kv, a.ragged_q, a.ragged_kv);
     if (g.tiles_q > 0) pack[kTiles] = const_cast<uint8_t*>(a.tile_mask);
     if (g.ragged) pack[kRaggedO] = const_cast<int32_t*>(a.ragged_q);
@@ -231,10 +262,15 @@ class CudnnEngine final : public SdpaEngine {
   }
 
   void run_backward(const SdpaGraphShape& g, const SdpaBackwardArgs& a) override {
-    std::unordered_map<int64_t, void*> pack{
-        {kQ, const_cast<void*>(a.q)},  {kK, const_cast<void*>(a.k)}, {kV, const_cast<void*>(a.v)},
-        {kO, const_cast<void*>(a.o)},  {kDO, const_cast<void*>(a.dout)}, {kStats, const_cast<float*>(a.stats)},
-        {kDQ, a.dq}, {kDK, a.dk}, {kDV, a.dv}};
+    std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(a.q)},
+                                            {kK, const_cast<void*>(a.k)},
+                                            {kV, const_cast<void*>(a.v)},
+                                            {kO, const_cast<void*>(a.o)},
+                                            {kDO, const_cast<void*>(a.dout)},
+                                            {kStats, const_cast<float*>(a.stats)},
+                                            {kDQ, a.dq},
+                                            {kDK, a.dk},
+                                            {kDV, a.dv}};
     add_metadata(g, pack, a.seq_len_q, a.seq_len_kv, a.ragged_q, a.ragged_kv);
     if (g.ragged) {
       for (int64_t uid : {kRaggedO, kRaggedDO, kRaggedDQ}) pack[uid] = const_cast<int32_t*>(a.ragged_q);
@@ -278,10 +314,12 @@ std::unique_ptr<SdpaEngine> make_sdpa_engine() { return std::make_unique<CudnnEn
 
 std::string validate_graph_offline(const SdpaGraphShape& shape, int sm_version, int sm_count) {
   if (!library().version) return library().why;
-  auto graph = make_graph(shape);
-  graph->set_sm_version(sm_version).set_sm_count(sm_count);
-  const fe::error_t e = graph->validate();
-  return e.is_good() ? "" : message(e);
+  try {  // the frontend reports some refusals by exception
+    const fe::error_t e = make_graph(shape, sm_version, sm_count)->validate();
+    return e.is_good() ? "" : message(e);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 }  // namespace ringattn::kernels::cudnn

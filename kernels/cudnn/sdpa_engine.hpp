@@ -31,14 +31,14 @@ struct SdpaGraphShape {
   DType dtype = DType::bf16;
   int64_t batch = 1;  // cuDNN's batch: B for a dense call, B x sequences for a ragged one
   int64_t heads = 1, kv_heads = 1, head_dim = 64;
-  int64_t s_q = 0, s_kv = 0;            // the longest sequence's rows and keys
-  int64_t q_rows = 0, k_rows = 0;       // rows of the buffers (a dense call's batch stride)
+  int64_t s_q = 0, s_kv = 0;       // the longest sequence's rows and keys
+  int64_t q_rows = 0, k_rows = 0;  // rows of the buffers (a dense call's batch stride)
   bool ragged = false, padding = false;
   DiagonalAlignment alignment = DiagonalAlignment::top_left;
   int64_t right_bound = -1, left_bound = -1;
-  int64_t tiles_q = 0, tiles_k = 0;     // tile mask (forward, dense), 0: none
+  int64_t tiles_q = 0, tiles_k = 0;  // tile mask (forward, dense), 0: none
   float scale = 1.0f;
-  bool deterministic = false;           // backward: cuDNN's deterministic algorithm
+  bool deterministic = false;  // backward: cuDNN's deterministic algorithm
 
   bool operator==(const SdpaGraphShape&) const = default;
   size_t hash() const;
@@ -46,15 +46,15 @@ struct SdpaGraphShape {
 };
 
 // The graph shape of one call of a step whose buffers hold q_rows query and k_rows key rows.
-SdpaGraphShape graph_shape(const SdpaCall& call, SdpaPass pass, const AttentionDims& dims, DType dtype,
-                           int64_t q_rows, int64_t k_rows, bool deterministic);
+SdpaGraphShape graph_shape(const SdpaCall& call, SdpaPass pass, const AttentionDims& dims, DType dtype, int64_t q_rows,
+                           int64_t k_rows, bool deterministic);
 
 // Device pointers of one call; the metadata arrays (int32; see the header comment) are those the
 // shape asks for, null otherwise. workspace holds workspace_bytes(shape). stream: a cudaStream_t.
 struct SdpaForwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
-  void* o = nullptr;       // in the input type, laid out as Q
-  float* stats = nullptr;  // (batch, H, s_q)
+  void* o = nullptr;                                          // in the input type, laid out as Q
+  float* stats = nullptr;                                     // (batch, H, s_q)
   const int32_t *seq_len_q = nullptr, *seq_len_kv = nullptr;  // (batch)
   const int32_t *ragged_q = nullptr, *ragged_kv = nullptr;    // (batch + 1), elements
   const uint8_t* tile_mask = nullptr;  // (tiles_q, ceil(tiles_k / 8)) bits, LSB first, every batch and head
@@ -64,7 +64,7 @@ struct SdpaForwardArgs {
 
 struct SdpaBackwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr;
-  const float* stats = nullptr;  // the global LSE of the call's rows, (batch, H, s_q)
+  const float* stats = nullptr;                      // the global LSE of the call's rows, (batch, H, s_q)
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // in the input type, written (not added)
   const int32_t *seq_len_q = nullptr, *seq_len_kv = nullptr;
   const int32_t *ragged_q = nullptr, *ragged_kv = nullptr;
@@ -100,7 +100,8 @@ std::unique_ptr<SdpaEngine> make_sdpa_engine();
 std::string validate_graph_offline(const SdpaGraphShape& shape, int sm_version, int sm_count);
 
 // The cuDNN versions from which the planner may use a feature (cudnn-frontend 1.32's checks).
-inline constexpr int kBlockMaskVersion = 91400;       // Unified SDPA's Block_mask input
+inline constexpr int kBlockMaskVersion = 91400;            // Unified SDPA's Block_mask input
+inline constexpr int kBlockMaskBandVersion = 92100;        // Unified SDPA with left or right bounds
 inline constexpr int kLinearDeterministicVersion = 92500;  // Hopper's deterministic backward, linear workspace
 
 // What the cuDNN of `version` can express on a device of SM `sm_version` (ragged sequences:

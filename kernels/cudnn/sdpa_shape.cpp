@@ -7,8 +7,8 @@
 
 namespace ringattn::kernels::cudnn {
 
-SdpaGraphShape graph_shape(const SdpaCall& call, SdpaPass pass, const AttentionDims& dims, DType dtype,
-                           int64_t q_rows, int64_t k_rows, bool deterministic) {
+SdpaGraphShape graph_shape(const SdpaCall& call, SdpaPass pass, const AttentionDims& dims, DType dtype, int64_t q_rows,
+                           int64_t k_rows, bool deterministic) {
   SdpaGraphShape g;
   g.pass = pass;
   g.dtype = dtype;
@@ -42,10 +42,10 @@ size_t SdpaGraphShape::hash() const {
 
 std::string SdpaGraphShape::describe() const {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s %s b%lld h%lld/%lld d%lld sq%lld skv%lld%s%s%s", pass == SdpaPass::forward ? "fwd" : "bwd",
-                dtype_name(dtype), (long long)batch, (long long)heads, (long long)kv_heads, (long long)head_dim,
-                (long long)s_q, (long long)s_kv, ragged ? " ragged" : "", padding ? " padding" : "",
-                deterministic ? " deterministic" : "");
+  std::snprintf(buf, sizeof buf, "%s %s b%lld h%lld/%lld d%lld sq%lld skv%lld%s%s%s",
+                pass == SdpaPass::forward ? "fwd" : "bwd", dtype_name(dtype), (long long)batch, (long long)heads,
+                (long long)kv_heads, (long long)head_dim, (long long)s_q, (long long)s_kv, ragged ? " ragged" : "",
+                padding ? " padding" : "", deterministic ? " deterministic" : "");
   std::string s = buf;
   if (right_bound >= 0 || left_bound >= 0) {
     std::snprintf(buf, sizeof buf, " band(%s, left %lld, right %lld)",
@@ -63,6 +63,7 @@ SdpaCapabilities capabilities(int version, int sm_version, int64_t elements) {
   c.ragged = (sm_version >= 90 || version >= 91801) && elements < (int64_t{1} << 31);
   // Block_mask: Unified SDPA from 9.14; on SM10x only from 9.26 (a masked-tile bug before).
   c.block_mask_forward = version >= kBlockMaskVersion && (sm_version < 100 || version >= 92600);
+  c.block_mask_with_band = c.block_mask_forward && version >= kBlockMaskBandVersion;
   return c;
 }
 

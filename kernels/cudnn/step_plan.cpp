@@ -106,8 +106,10 @@ bool admits(const Bounds& b) { return !b.right.empty() && !b.left.empty(); }
 
 void add_to(OpenCall& call, const Rect& r, const Bounds (&b)[2]) {
   for (int a = 0; a < 2; ++a) {
-    if (call.rects.empty()) call.by_alignment[a] = b[a];
-    else call.by_alignment[a] = {call.by_alignment[a].right.meet(b[a].right), call.by_alignment[a].left.meet(b[a].left)};
+    if (call.rects.empty())
+      call.by_alignment[a] = b[a];
+    else
+      call.by_alignment[a] = {call.by_alignment[a].right.meet(b[a].right), call.by_alignment[a].left.meet(b[a].left)};
     call.alive[a] = call.alive[a] && admits(call.by_alignment[a]);
   }
   call.rects.push_back(r);
@@ -117,7 +119,8 @@ bool can_join(const OpenCall& call, const Rect& r, const Bounds (&b)[2], bool ra
   if (call.rects.empty()) return true;
   if (!ragged || !follows(segment_of(call.rects.back()), r)) return false;
   for (int a = 0; a < 2; ++a)
-    if (call.alive[a] && admits({call.by_alignment[a].right.meet(b[a].right), call.by_alignment[a].left.meet(b[a].left)}))
+    if (call.alive[a] &&
+        admits({call.by_alignment[a].right.meet(b[a].right), call.by_alignment[a].left.meet(b[a].left)}))
       return true;
   return false;
 }
@@ -198,7 +201,8 @@ std::vector<std::pair<int64_t, int64_t>> tile_aligned_pieces(int64_t start, int6
 // first row inside one mask block: they start on a multiple of kMaskTile, or fit before the next.
 bool fits_tile_grid(int64_t start, int64_t n) { return start % kMaskTile == 0 || start % kMaskTile + n <= kMaskTile; }
 
-std::string block_mask_calls(const MaskView& m, const Rect& trimmed, std::vector<SdpaCall>& calls) {
+std::string block_mask_calls(const MaskView& m, const Rect& trimmed, const SdpaCapabilities& caps,
+                             std::vector<SdpaCall>& calls) {
   if (trimmed.stride != 1 && (trimmed.q_rows > 1 || trimmed.k_rows > 1))
     return "a block mask on rows that are not contiguous";
   for (auto [qo, qn] : tile_aligned_pieces(trimmed.q_start, trimmed.q_rows))
@@ -212,6 +216,9 @@ std::string block_mask_calls(const MaskView& m, const Rect& trimmed, std::vector
       const Bounds b[2] = {admissible(r, DiagonalAlignment::top_left), admissible(r, DiagonalAlignment::bottom_right)};
       add_to(open, r, b);
       SdpaCall call = finish(open);
+      // cudnn-frontend: "Left bound or right bound for unified SDPA node requires cuDNN 9.21.0".
+      if ((call.right_bound >= 0 || call.left_bound >= 0) && !caps.block_mask_with_band)
+        return "a block mask with a causal or window band in one call (cuDNN before 9.21)";
       add_tiles(m, r, call);
       if (std::none_of(call.tiles.begin(), call.tiles.end(), [](uint8_t x) { return x != 0; })) continue;
       calls.push_back(std::move(call));
@@ -273,8 +280,7 @@ std::vector<PositionRunOfRows> arithmetic_runs(StepRows rows) {
   return runs;
 }
 
-StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const SdpaCapabilities& caps,
-                   SdpaPass pass) {
+StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const SdpaCapabilities& caps, SdpaPass pass) {
   const bool blocks = mask.has_block_mask();
   if (blocks) {
     if (pass == SdpaPass::backward) return own("a block mask in the backward (cuDNN's backward has no block mask)");
@@ -295,7 +301,7 @@ StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const 
         rects.push_back(r);
         return "";
       }
-      return block_mask_calls(mask, r, plan.calls);
+      return block_mask_calls(mask, r, caps, plan.calls);
     }
     const std::vector<Piece> qp = document_pieces(mask, a), kp = document_pieces(mask, b);
     for (size_t x = 0, y = 0; x < qp.size() && y < kp.size();) {
@@ -338,7 +344,11 @@ StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const 
         plan.calls.push_back(std::move(c));
         continue;
       }
-      for (const SdpaSegment& s : c.segments) plan.calls.push_back(SdpaCall{.segments = {s}});
+      for (const SdpaSegment& s : c.segments) {
+        SdpaCall one;
+        one.segments = {s};
+        plan.calls.push_back(std::move(one));
+      }
     }
   }
   for (SdpaCall& c : plan.calls)

@@ -18,7 +18,7 @@
 // with per-sequence lengths when their bands agree (top-left or bottom-right), else several calls.
 // A block mask maps onto cuDNN's 128 x 128 tile mask where the rows are contiguous and the mask's
 // blocks are multiples of 128 (the call cut at multiples of 128 positions); the forward only
-// (cuDNN's backward has no block mask). The step's calls write disjoint (query, key) pairs whose
+// (cuDNN's backward has no block mask), and before cuDNN 9.21 only for calls without a band. The step's calls write disjoint (query, key) pairs whose
 // union is exactly the step's visible pairs: their states merge into the step's.
 //
 // Everything else runs on our kernels: long runs of different strides, block masks that do not
@@ -40,8 +40,9 @@ inline constexpr int64_t kMaskTile = 128;
 
 // What the cuDNN in use can express, from its version (the same library on every rank of a job).
 struct SdpaCapabilities {
-  bool ragged = true;              // packed sequences: ragged offsets with per-sequence lengths
+  bool ragged = true;               // packed sequences: ragged offsets with per-sequence lengths
   bool block_mask_forward = false;  // the forward's tile mask (cuDNN 9.14 and later)
+  bool block_mask_with_band = false;  // and with a diagonal band in the same call (9.21 and later)
 };
 
 enum class SdpaPass { forward, backward };
@@ -77,7 +78,7 @@ struct SdpaCall {
 };
 
 struct StepPlan {
-  bool cudnn = false;      // false: our kernels run the step (own_reason says why)
+  bool cudnn = false;  // false: our kernels run the step (own_reason says why)
   std::string own_reason;
   std::vector<SdpaCall> calls;  // in merge order; none when no pair of the step is visible
 };
@@ -89,8 +90,7 @@ struct StepRows {
 
 // The calls of one step for one pass (the backward's calls are the forward's without tile masks;
 // a step that needs one runs our backward).
-StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const SdpaCapabilities& caps,
-                   SdpaPass pass);
+StepPlan plan_step(const MaskView& mask, StepRows queries, StepRows keys, const SdpaCapabilities& caps, SdpaPass pass);
 
 // Arithmetic runs of a row set: rows [row0, row0 + count) at positions start + t * stride.
 struct PositionRunOfRows {

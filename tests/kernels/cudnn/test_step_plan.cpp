@@ -48,7 +48,7 @@ bool cudnn_keeps(const SdpaCall& call, size_t s, int64_t r, int64_t c) {
 void expect_valid(const SdpaCall& call, int64_t q_rows, int64_t k_rows, const std::string& where) {
   ASSERT_FALSE(call.segments.empty()) << where;
   EXPECT_TRUE(call.right_bound == -1 || call.right_bound >= 0) << where;
-  EXPECT_TRUE(call.left_bound == -1 || call.left_bound >= 1) << where;  // "Left bound ... > 0"
+  EXPECT_TRUE(call.left_bound == -1 || call.left_bound >= 1) << where;      // "Left bound ... > 0"
   EXPECT_FALSE(call.max_q_rows() == 1 && call.max_k_rows() == 1) << where;  // "s_q = s_kv = 1 is not supported"
   if (call.ragged) EXPECT_TRUE(call.padding) << where;  // "Ragged offsets are only supported with padding mask"
   if (!call.ragged) EXPECT_EQ(call.segments.size(), 1u) << where;
@@ -127,8 +127,8 @@ void check_step(const Mask& mask, const std::vector<int64_t>& qp, const std::vec
 
 // Every step of every rank of a ring over (L, P, layout, schedule): the local step, and each
 // received block (direct: the rows the plan sends; ring: the whole shard of the source).
-void check_ring(const Mask& mask, int64_t L, int P, LayoutKind kind, const SdpaCapabilities& caps, const std::string& what,
-                Counts& counts) {
+void check_ring(const Mask& mask, int64_t L, int P, LayoutKind kind, const SdpaCapabilities& caps,
+                const std::string& what, Counts& counts) {
   const ShardLayout layout(kind, L, P);
   const MaskView m = mask.view();
   for (Schedule schedule : {Schedule::direct, Schedule::ring})
@@ -146,8 +146,9 @@ void check_ring(const Mask& mask, int64_t L, int P, LayoutKind kind, const SdpaC
         }
         for (SdpaPass pass : {SdpaPass::forward, SdpaPass::backward}) {
           const std::string where = what + " L=" + std::to_string(L) + " P=" + std::to_string(P) + " " +
-                                    layout_name(kind) + " " + schedule_name(schedule) + " rank " + std::to_string(rank) +
-                                    " step " + std::to_string(st.step) + (pass == SdpaPass::forward ? " fwd" : " bwd");
+                                    layout_name(kind) + " " + schedule_name(schedule) + " rank " +
+                                    std::to_string(rank) + " step " + std::to_string(st.step) +
+                                    (pass == SdpaPass::forward ? " fwd" : " bwd");
           check_step(mask, qp, kp, caps, pass, where, counts);
         }
       }
@@ -166,8 +167,10 @@ std::vector<int64_t> random_documents(int64_t L, std::mt19937_64& gen) {
 }
 
 void report(const char* name, const Counts& c) {
-  std::printf("[ plan     ] %s: %d steps on cuDNN (%d calls: %d ragged, %d bottom-right, %d with tiles, %d widened 1 x 1), "
-              "%d on ours\n", name, c.cudnn, c.calls, c.ragged_calls, c.bottom_right, c.tiled_calls, c.widened, c.own);
+  std::printf(
+      "[ plan     ] %s: %d steps on cuDNN (%d calls: %d ragged, %d bottom-right, %d with tiles, %d widened 1 x 1), "
+      "%d on ours\n",
+      name, c.cudnn, c.calls, c.ragged_calls, c.bottom_right, c.tiled_calls, c.widened, c.own);
   for (const auto& [why, n] : c.reasons) std::printf("[ plan     ]   ours: %d x %s\n", n, why.c_str());
 }
 
@@ -214,7 +217,8 @@ TEST(CudnnStepPlan, RandomDocumentsCoverEveryVisiblePairOnce) {
         for (int P = 1; P <= 8; ++P)
           for (LayoutKind kind : kLayouts) {
             check_ring(mask, L, P, kind, SdpaCapabilities{}, "docs", all);
-            if (trial == 0) check_ring(mask, L, P, kind, SdpaCapabilities{false, false}, "docs, no ragged", without_ragged);
+            if (trial == 0)
+              check_ring(mask, L, P, kind, SdpaCapabilities{false, false}, "docs, no ragged", without_ragged);
           }
       }
     }
@@ -226,7 +230,7 @@ TEST(CudnnStepPlan, RandomDocumentsCoverEveryVisiblePairOnce) {
 
 TEST(CudnnStepPlan, BlockMasksCoverEveryVisiblePairOnce) {
   std::mt19937_64 gen(9);
-  Counts all, old;
+  Counts all, no_band, old;
   for (int64_t L : {300, 517})
     for (int64_t block : {128, 256, 64}) {
       const int64_t n = (L + block - 1) / block;
@@ -239,14 +243,17 @@ TEST(CudnnStepPlan, BlockMasksCoverEveryVisiblePairOnce) {
         if (variant == 2) mask.window_left = 90;
         for (int P : {1, 2, 3, 5, 8})
           for (LayoutKind kind : kLayouts) {
-            check_ring(mask, L, P, kind, SdpaCapabilities{true, true}, "block mask", all);
+            check_ring(mask, L, P, kind, SdpaCapabilities{true, true, true}, "block mask", all);
+            check_ring(mask, L, P, kind, SdpaCapabilities{true, true, false}, "block mask, cuDNN 9.14-9.20", no_band);
             if (variant == 0 && P == 2) check_ring(mask, L, P, kind, SdpaCapabilities{}, "block mask, cuDNN < 9.14", old);
           }
       }
     }
-  report("block masks", all);
+  report("block masks (cuDNN 9.21 and later)", all);
+  report("block masks (cuDNN 9.14 to 9.20: no band beside the tiles)", no_band);
   report("block masks before cuDNN 9.14", old);
-  EXPECT_GT(all.tiled_calls, 0);
+  EXPECT_GT(all.tiled_calls, no_band.tiled_calls);
+  EXPECT_GT(no_band.tiled_calls, 0);
   EXPECT_EQ(old.cudnn, 0);
 }
 
