@@ -64,6 +64,13 @@ SequenceLayout layout_of(const std::string& name) {
   throw ArgumentError("layout", "{layout} '" + name + "': expected None, 'contiguous', 'zigzag' or 'striped'");
 }
 
+AttentionKernel kernel_of(const std::string& name) {
+  if (name == "auto") return AttentionKernel::automatic;
+  if (name == "cudnn") return AttentionKernel::cudnn;
+  if (name == "own") return AttentionKernel::own;
+  throw ArgumentError("kernel", "{kernel} '" + name + "': expected 'auto', 'cudnn' or 'own'");
+}
+
 KeyValueSchedule schedule_of(const std::string& name) {
   if (name == "direct") return KeyValueSchedule::direct;
   if (name == "ring") return KeyValueSchedule::ring;
@@ -86,7 +93,8 @@ std::string python_name(std::string_view argument) {
 AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, std::vector<int64_t> doc_lens,
                         const py::bytes& block_mask, int64_t mask_block,
                         std::optional<std::tuple<int64_t, int64_t, int64_t>> bigbird, uint64_t seed, double scale,
-                        const std::string& layout, const std::string& schedule, int ulysses) {
+                        const std::string& layout, const std::string& schedule, int ulysses,
+                        const std::string& kernel, bool deterministic) {
   AttentionSpec spec;
   spec.mask.causal = causal;
   spec.mask.window_left = window_left;
@@ -105,6 +113,8 @@ AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, 
   spec.layout = layout_of(layout);
   spec.schedule = schedule_of(schedule);
   spec.ulysses = ulysses;
+  spec.kernel = kernel_of(kernel);
+  spec.deterministic = deterministic;
   return spec;
 }
 
@@ -181,7 +191,8 @@ PYBIND11_MODULE(_ringattn, m) {
                                                args[6].cast<std::optional<std::tuple<int64_t, int64_t, int64_t>>>(),
                                                args[7].cast<uint64_t>(), args[8].cast<double>(),
                                                args[9].cast<std::string>(), args[10].cast<std::string>(),
-                                               args[11].cast<int>())),
+                                               args[11].cast<int>(), args[12].cast<std::string>(),
+                                               args[13].cast<bool>())),
                             py::none());
     } catch (const ArgumentError& e) {
       return py::make_tuple(py::none(), py::make_tuple(e.argument(), e.message_template(),

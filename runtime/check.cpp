@@ -178,7 +178,7 @@ KeyGrads recomputed_key_grads(comm::Communicator& comm, const Shard& sh, const s
     const std::vector<float> qc = share_rows(comm, sh.layout, sh.local.q, B, sh.rows, H * D, chunk);
     const std::vector<float> dc = share_rows(comm, sh.layout, sh.local.dout, B, sh.rows, H * D, chunk);
     RowStates st = forward_states(comm, sh, qc, chunk);
-    add_deltas(sh.dims, C, dc, st);
+    add_deltas(sh.dims, C, dc, st, sh.precision);
     // This rank's share of the chunk's rows, packed.
     std::vector<int64_t> mine;
     for (int64_t c = comm.rank(); c < C; c += comm.size()) mine.push_back(c);
@@ -233,7 +233,8 @@ KeyGrads run_lse_key_grads(const Shard& sh, const std::vector<int64_t>& keys, co
         for (int64_t d = 0; d < D; ++d) {
           const size_t e = static_cast<size_t>(((b * rows + i) * H + h) * D + d);
           acc += double(sh.local.o[e]) * double(sh.local.dout[e]);
-          acc32 += sh.local.o[e] * sh.local.dout[e];
+          const float o = sh.precision.backward_step_outputs ? bf16_to_float(float_to_bf16(sh.local.o[e])) : sh.local.o[e];
+          acc32 += o * sh.local.dout[e];
         }
         delta[li] = acc, delta32[li] = acc32;
       }
@@ -308,7 +309,7 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
 
   // dQ of the sampled queries: gradients through this rank's keys, summed over ranks.
   const std::vector<float> dos = share_rows(comm, layout, local.dout, B, rows, H * D, pos);
-  add_deltas(dims, S, dos, st);
+  add_deltas(dims, S, dos, st, precision);
   std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0), dq_terms(dq.size(), 0.0);
   std::vector<float> dq32(dq.size(), 0.0f);
   const kernels::GradientMagnitudes terms{dq_terms.data(), nullptr, nullptr};

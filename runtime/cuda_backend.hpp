@@ -12,7 +12,8 @@
 // Positions and the mask arrive as host arrays; the backend copies them to the device per call
 // (positions) or once per distinct mask (doc offsets and block mask, compared by content), into
 // device buffers that prepare() allocates when a RingAttention is built, with the workspace of the
-// tensor-core backward kernel: no pass allocates.
+// tensor-core backward kernel: no pass allocates. With --kernel auto or cudnn, prepare() also plans
+// every step of the ring onto cuDNN's fused attention where it can (runtime/cudnn_steps.hpp).
 #pragma once
 
 #include <memory>

@@ -26,6 +26,8 @@ comm::LinkEmulation intra_link(const ContextOptions& o) {
 
 RingStats ring_stats(const PassStats& s, const UlyssesAttention& attention) {
   RingStats stats;
+  stats.cudnn_steps = s.cudnn_steps;
+  stats.own_steps = s.own_steps;
   stats.seconds = s.seconds;
   stats.wait_seconds = s.wait_seconds;
   stats.compute_seconds = s.compute_seconds;
@@ -128,6 +130,8 @@ AttentionPlan& Session::plan(const Shard& shard, const AttentionSpec& spec, int6
   if (auto bad = api::check_shard(shard, cuda)) throw *bad;
   if (auto bad = api::check_spec(spec)) throw *bad;
   if (auto bad = api::check_call(shard, spec, seq_len, size())) throw *bad;
+  const RingOptions ring = api::ring_options(shard, spec);
+  if (auto bad = backend_->kernel_problem(ring.kernel, ring.dims, ring.dtype)) throw *bad;
 
   auto plan = std::make_unique<AttentionPlan>(next_plan_id_++, api::build_mask(spec, seq_len), spec.mask.block_mask);
   std::shared_ptr<UlyssesGroups>& groups = groups_[spec.ulysses];
@@ -136,7 +140,7 @@ AttentionPlan& Session::plan(const Shard& shard, const AttentionSpec& spec, int6
         rank(), size(), spec.ulysses > 1 ? place_ulysses_groups(placement_nodes_, spec.ulysses) : UlyssesPlacement{},
         spec.ulysses, [this](int color, int key) { return split_group(color, key); }));
   plan->attention_ = std::make_unique<UlyssesAttention>(*transport_, *backend_, api::layout_kind(spec), seq_len,
-                                                         plan->mask_, api::ring_options(shard, spec), groups);
+                                                         plan->mask_, ring, groups);
   AttentionPlan& p = *plan;
   plans_[key] = std::move(plan);
   return p;

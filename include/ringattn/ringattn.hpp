@@ -47,6 +47,12 @@ enum class ElementType { float32, bfloat16, float16 };
 enum class SequenceLayout { automatic, contiguous, zigzag, striped };
 // How K/V rows move (SPEC.md --schedule).
 enum class KeyValueSchedule { direct, ring };
+// Which kernels run the attention steps on the CUDA backend (SPEC.md --kernel): automatic =
+// cuDNN's fused attention for the steps it can express (bf16, head dims it takes, masks its
+// planner maps) and ours for the rest, or ours alone where no cuDNN loads; cudnn = the same, but
+// an ArgumentError naming "kernel" where cuDNN cannot run at all (the CPU backend, fp32, no
+// libcudnn); own = our kernels throughout.
+enum class AttentionKernel { automatic, cudnn, own };
 
 // The mask (SPEC.md "Masks"): enabled conditions combine by intersection.
 struct MaskSpec {
@@ -72,6 +78,10 @@ struct AttentionSpec {
   // many ranks of one node when every node holds a multiple of it, else consecutive ranks: take
   // each rank's rows from Context::rows/positions with this spec.
   int ulysses = 1;
+  AttentionKernel kernel = AttentionKernel::automatic;  // SPEC.md --kernel
+  // SPEC.md --deterministic: a bitwise-reproducible backward (cuDNN's deterministic algorithm where
+  // its workspace stays linear in the shard, our kernels elsewhere). The forward always is.
+  bool deterministic = false;
 };
 
 // This rank's shard: the tensors' shapes and element type.
@@ -98,6 +108,8 @@ struct RingStats {
   uint64_t bytes_sent = 0;       // K/V payload sent by this rank
   uint64_t bytes_needed = 0;     // K/V bytes this rank's queries need from others (any schedule's floor)
   uint64_t a2a_bytes_sent = 0;   // sent to the other members of its group by the all-to-alls (ulysses > 1)
+  int cudnn_steps = 0;           // ring steps cuDNN's fused attention ran on this rank
+  int own_steps = 0;             // and those our kernels ran
 };
 
 struct ContextOptions {

@@ -156,6 +156,7 @@ void run_passes(const Job& job, LaunchContext& ctx, Open& open, const AttentionI
         r.bytes_sent = sum(f.bytes_sent);
         r.a2a_bytes_sent = sum(f.a2a_bytes_sent);
         r.bytes_needed = f.bytes_needed;  // this rank's; summed below
+        r.cudnn_steps = f.cudnn_steps, r.own_steps = f.own_steps;
       }
       if (!job.backward) continue;
       stage = "before the backward pass" + repetition;
@@ -167,7 +168,7 @@ void run_passes(const Job& job, LaunchContext& ctx, Open& open, const AttentionI
       ++pass;
       stage = "after the backward pass" + repetition;
       const double tb = slowest(b.seconds);
-      if (timed) r.backward_s.push_back(tb);
+      if (timed) r.backward_s.push_back(tb), r.cudnn_steps += b.cudnn_steps, r.own_steps += b.own_steps;
     }
   } catch (const comm::CommError& e) {
     fail_now(comm, comm::CommError(std::string(e.what()) + " (" + stage + ")"));  // end every rank now
@@ -249,6 +250,9 @@ void count_work(comm::Communicator& comm, const Job& job, const Open& open, Atte
   int64_t pairs = count_visible_pairs(open.mask().view(), layout.runs(comm.rank()), job.seq_len);
   comm.allreduce(&pairs, 1, DType::i64, comm::ReduceOp::sum);
   comm.allreduce(&r.bytes_needed, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&r.cudnn_steps, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&r.own_steps, 1, DType::i64, comm::ReduceOp::sum);
+  if (job.context.backend == "cuda") r.cudnn = open.session->backend().cudnn_status();
   r.peak_rss = peak_rss_bytes();
   comm.allreduce(&r.peak_rss, 1, DType::i64, comm::ReduceOp::max);
   r.flops = 4.0 * double(s.batch) * double(s.heads) * double(s.head_dim) * double(pairs);

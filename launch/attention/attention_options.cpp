@@ -225,6 +225,8 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
   job.spec.schedule = schedule_spec(o.schedule);
   job.spec.softmax_scale = o.scale;
   job.spec.ulysses = o.ulysses;
+  job.spec.kernel = kernel_spec(o.kernel);
+  job.spec.deterministic = o.deterministic;
   // The library's judgement of every value it takes, before any data moves.
   for (auto bad : {api::check_options(job.context), api::check_shard(job.shard, execution.backend == "cuda"),
                    api::check_spec(job.spec)})

@@ -33,6 +33,11 @@ Json attention_json(const Job& job, const AttentionResults& r, double fwd_s, dou
   if (job.backward) j["gflops_per_rank_backward"] = rate_per_rank(2.5 * r.flops, bwd_s, P);
   j["a2a_bytes_sent"] = r.a2a_bytes_sent;
   j["exposed_comm_fraction_max"] = r.exposed_max;
+  j["kernel"] = job.opt.kernel;
+  j["deterministic"] = job.opt.deterministic;
+  j["cudnn_steps"] = r.cudnn_steps;
+  j["own_steps"] = r.own_steps;
+  if (!r.cudnn.empty()) j["cudnn"] = r.cudnn;
   if (r.check) {
     j["check_passed"] = r.check->passed();
     j["check_rows"] = r.check->samples;
@@ -65,6 +70,10 @@ void print_summary(const Job& job, const AttentionResults& r, double fwd_s, doub
   if (job.opt.ulysses > 1)
     std::printf("; all-to-all (--ulysses %d) sent %s", job.opt.ulysses, human_bytes(double(r.a2a_bytes_sent)).c_str());
   std::printf("; exposed %.1f%% of forward\n", 100.0 * r.exposed_mean / job.opt.iters);
+  if (job.context.backend == "cuda")
+    std::printf("  kernels   %lld ring steps on cuDNN, %lld on ours (--kernel %s%s); %s\n", (long long)r.cudnn_steps,
+                (long long)r.own_steps, job.opt.kernel.c_str(), job.opt.deterministic ? ", deterministic" : "",
+                r.cudnn.c_str());
   std::printf("  memory    peak %s per rank (max)\n", human_bytes(double(r.peak_rss)).c_str());
   if (r.check)
     std::printf("  check     %s on %d sampled rows: %s\n", r.check->passed() ? "passed" : "FAILED", r.check->samples,

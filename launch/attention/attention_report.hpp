@@ -20,6 +20,10 @@ struct AttentionResults {
   double exposed_max = 0.0;   // the largest of one rank in one repetition
   uint64_t bytes_sent = 0, bytes_needed = 0, a2a_bytes_sent = 0;  // forward, summed over ranks
   double flops = 0.0;  // forward, counted as SPEC.md says
+  // Which kernels ran the ring steps of the last timed forward and backward, summed over ranks,
+  // and the cuDNN the backend loaded ("" on the CPU).
+  int64_t cudnn_steps = 0, own_steps = 0;
+  std::string cudnn;
   uint64_t peak_rss = 0;
   std::optional<CheckReport> check;
 };

@@ -260,9 +260,9 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
       }
       got.dq = dq_host.data(), got.dk = dk_host.data(), got.dv = dv_host.data();
     }
-    const kernels::SamePrecision precision = std::string(p.kernel) == "tensor_core"
-                                                 ? kernels::SamePrecision::bf16_products
-                                                 : kernels::SamePrecision::fp32;
+    const kernels::SamePrecision precision = std::string(p.kernel) != "tensor_core" ? kernels::SamePrecision::fp32()
+                                             : o.type == DType::f16 ? kernels::SamePrecision::fp16_products()
+                                                                    : kernels::SamePrecision::bf16_products();
     const kernels::SampledErrors e = kernels::check_sampled_rows(
         kernels::WholeProblem{dims, L, mask, qf.data(), kf.data(), vf.data(), o.backward ? df.data() : nullptr,
                               precision},

@@ -154,6 +154,8 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
     spec.mask = mask_spec(o.mask, b.seq_len(P), o.seed);
     spec.layout = layout_spec(o.layout);
     spec.schedule = schedule_spec(o.schedule);
+    spec.kernel = kernel_spec(o.kernel);
+    spec.deterministic = o.deterministic;
     for (auto bad : {api::check_spec(spec), api::check_call(shard, spec, b.seq_len(P), P)})
       if (bad) throw *bad;
     b.specs.push_back(std::move(spec));

@@ -8,6 +8,7 @@
 
 #include "launch/cli/job_control.hpp"
 #include "runtime/errors.hpp"
+#include "runtime/ring_attention.hpp"
 #include "runtime/ring_plan.hpp"
 
 namespace po = boost::program_options;
@@ -51,6 +52,14 @@ SequenceLayout layout_spec(const std::string& name) {
 
 KeyValueSchedule schedule_spec(const std::string& name) {
   return parse_schedule(name) == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+}
+
+AttentionKernel kernel_spec(const std::string& name) {
+  switch (parse_kernel_choice(name)) {
+    case KernelChoice::cudnn: return AttentionKernel::cudnn;
+    case KernelChoice::own: return AttentionKernel::own;
+    default: return AttentionKernel::automatic;
+  }
 }
 
 LayoutKind layout_option(const std::string& name, bool causal) {
@@ -145,6 +154,13 @@ void add_ring_options(po::options_description& desc, const RingOptionFields& f) 
   if (f.comm)
     add("comm", po::value(f.comm)->value_name("mpi|nccl"),
         "default: nccl with the cuda backend when every rank of a node has its own GPU, else mpi");
+  if (f.kernel)
+    add("kernel", po::value(f.kernel)->default_value("auto")->value_name("auto|cudnn|own"),
+        "CUDA backend: cuDNN's fused attention for the ring steps it can express (auto: where it can, "
+        "our kernels for the rest; cudnn: refuse a job it cannot run), or our kernels only (own)");
+  if (f.deterministic)
+    add("deterministic", po::bool_switch(f.deterministic),
+        "a bitwise-deterministic backward (cuDNN's where its workspace stays linear, else our kernels)");
   if (f.threads)
     add("threads", po::value(f.threads)->default_value(0)->value_name("N"),
         "CPU threads per rank (0 = the cores this rank may run on, at most the node's shared among its ranks)");

@@ -32,6 +32,7 @@ DType parse_dtype_option(const std::string& name);
 // --layout and --schedule as the library's AttentionSpec takes them ("" layout: automatic).
 SequenceLayout layout_spec(const std::string& name);
 KeyValueSchedule schedule_spec(const std::string& name);
+AttentionKernel kernel_spec(const std::string& name);  // --kernel auto|cudnn|own
 
 // --layout, or its default when empty: zigzag when causal (balances causal work), else contiguous.
 LayoutKind layout_option(const std::string& name, bool causal);
@@ -58,6 +59,8 @@ struct RingOptionFields {
   std::string* dtype = nullptr;
   std::string* backend = nullptr;
   std::string* comm = nullptr;
+  std::string* kernel = nullptr;
+  bool* deterministic = nullptr;
   int* threads = nullptr;
   double* timeout = nullptr;
   double* emulate_bandwidth = nullptr;
@@ -66,7 +69,8 @@ struct RingOptionFields {
   int* warmup = nullptr;  // untimed repetitions first; likewise
 };
 
-// --layout, --schedule, --dtype, --backend, --comm, --threads, --timeout, the link emulation
+// --layout, --schedule, --dtype, --backend, --comm, --kernel, --deterministic, --threads,
+// --timeout, the link emulation
 // (--emulate-bandwidth, --emulate-latency), --iters and --warmup, declared once for every
 // subcommand that runs the ring, with the same defaults and help.
 void add_ring_options(boost::program_options::options_description& desc, const RingOptionFields& f);
@@ -74,15 +78,16 @@ void add_ring_options(boost::program_options::options_description& desc, const R
 // The values of those options, with their defaults: the options of every subcommand that runs the
 // ring derive from it (a subcommand may change the defaults of --iters and --warmup).
 struct ExecutionOptions {
-  std::string layout, schedule = "direct", dtype = "fp32", backend, comm;
+  std::string layout, schedule = "direct", dtype = "fp32", backend, comm, kernel = "auto";
+  bool deterministic = false;
   int threads = 0;
   double timeout = 300.0, emulate_bandwidth = 0.0, emulate_latency = 0.0;
   int iters = 1, warmup = 0;
 
   // Every one of them, for add_ring_options (a subcommand without some sets those to null).
   RingOptionFields fields() {
-    return {&layout, &schedule, &dtype, &backend, &comm, &threads, &timeout, &emulate_bandwidth, &emulate_latency,
-            &iters, &warmup};
+    return {&layout,  &schedule, &dtype,          &backend,          &comm,           &kernel, &deterministic,
+            &threads, &timeout,  &emulate_bandwidth, &emulate_latency, &iters,        &warmup};
   }
 };
 

@@ -243,6 +243,8 @@ LayerJob resolve_layer_job(const LayerOptions& given_options, const po::variable
   job.spec.layout = layout_spec(o.layout);
   job.spec.schedule = schedule_spec(o.schedule);
   job.spec.ulysses = o.ulysses;
+  job.spec.kernel = kernel_spec(o.kernel);
+  job.spec.deterministic = o.deterministic;
   c.validate(execution.backend == "cpu" || o.check);  // (--check runs the CPU kernels too)
   // The library's judgement of the attention the layer runs, before any data moves.
   const Shard shard{c.batch, 1, c.heads, c.kv_heads, c.head_dim(), api::element_type_of(c.dtype)};

@@ -32,7 +32,7 @@ def unshard(x_local, dim=1, layout=None, causal=False, comm=None, ulysses=1):
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_mask=None, mask_block=128,
               softmax_scale=None, layout=None, schedule="direct", return_lse=False, comm=None, bigbird=None, seed=0,
-              ulysses=1):
+              ulysses=1, kernel="auto", deterministic=False):
     """Exact attention of this rank's queries against every visible key of every rank.
 
     q (B, L_local, H, D), k and v (B, L_local, Hkv, D): this rank's rows (ringattn.shard), float32
@@ -45,7 +45,10 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_ma
     a multiple of it); the rows a rank holds change with U: take them with shard(..., ulysses=U).
     The results equal those of ulysses=1 to fp32 rounding.
     CUDA tensors (builds with CUDA) run on the CUDA backend with NCCL, ordered on the device with
-    torch's current stream (after the kernels that wrote q, k, v; no device-wide sync).
+    torch's current stream (after the kernels that wrote q, k, v; no device-wide sync). There,
+    kernel="auto" runs cuDNN's fused attention for the ring steps it can express and ours for the
+    rest, "cudnn" refuses a call it cannot run, "own" runs ours only; deterministic=True makes the
+    backward bitwise reproducible (README "The GPU path").
     """
     device = "cuda" if getattr(q, "is_cuda", False) else "cpu"
     ctx = _context(comm, device)
@@ -53,7 +56,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_ma
     spec = failure = None
     if problem is None:
         problem, args = _spec_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, layout, schedule,
-                                   return_lse, bigbird, seed, ulysses)
+                                   return_lse, bigbird, seed, ulysses, kernel, deterministic)
     if problem is None:
         spec, failure = _ringattn.make_spec(*args)
     if problem is not None:

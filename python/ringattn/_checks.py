@@ -76,7 +76,7 @@ def _int_list(x):
 
 
 def spec_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, layout, schedule, return_lse,
-              bigbird, seed, ulysses=1):
+              bigbird, seed, ulysses=1, kernel="auto", deterministic=False):
     """(None, arguments of _ringattn.make_spec) or (problem, None)."""
     if not isinstance(causal, bool):
         return (TypeError, "causal", "expected a bool, got %s" % type(causal).__name__), None
@@ -121,5 +121,9 @@ def spec_args(causal, window, doc_lens, block_mask, mask_block, softmax_scale, l
         return (TypeError, "return_lse", "expected a bool, got %s" % type(return_lse).__name__), None
     if not _is_int(ulysses):
         return (TypeError, "ulysses", "expected an int, got %s" % type(ulysses).__name__), None
+    if not isinstance(kernel, str):
+        return (TypeError, "kernel", "expected a str, got %s" % type(kernel).__name__), None
+    if not isinstance(deterministic, bool):
+        return (TypeError, "deterministic", "expected a bool, got %s" % type(deterministic).__name__), None
     return None, (causal, int(window[0]), int(window[1]), docs, mask_bytes, mask_block, bigbird, seed, scale,
-                  layout or "", schedule, ulysses)
+                  layout or "", schedule, ulysses, kernel, deterministic)

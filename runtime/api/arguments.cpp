@@ -129,6 +129,9 @@ std::optional<ArgumentError> check_spec(const AttentionSpec& spec) {
     return bad("layout", "expected contiguous, zigzag or striped");
   if (spec.schedule != KeyValueSchedule::direct && spec.schedule != KeyValueSchedule::ring)
     return bad("schedule", "expected direct or ring");
+  if (spec.kernel != AttentionKernel::automatic && spec.kernel != AttentionKernel::cudnn &&
+      spec.kernel != AttentionKernel::own)
+    return bad("kernel", "expected auto, cudnn or own");
   if (spec.ulysses < 1) return bad("ulysses", n(spec.ulysses) + " must be at least 1 (1: the ring alone)");
   return std::nullopt;
 }
@@ -206,6 +209,10 @@ RingOptions ring_options(const Shard& s, const AttentionSpec& spec) {
   o.dims.scale = softmax_scale(spec, s.head_dim);
   o.dtype = dtype_of(s.dtype);
   o.schedule = spec.schedule == KeyValueSchedule::ring ? Schedule::ring : Schedule::direct;
+  o.kernel = spec.kernel == AttentionKernel::cudnn ? KernelChoice::cudnn
+             : spec.kernel == AttentionKernel::own ? KernelChoice::own
+                                                   : KernelChoice::automatic;
+  o.deterministic = spec.deterministic;
   return o;
 }
 
@@ -215,7 +222,8 @@ std::string plan_key(const Shard& s, const AttentionSpec& spec, int64_t L) {
   auto add = [&](int64_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof x); };
   for (int64_t x : {s.batch, s.heads, s.kv_heads, s.head_dim, int64_t(s.dtype), L, int64_t(m.causal), m.window_left,
                     m.window_right, m.mask_block, m.bigbird_global, m.bigbird_window, m.bigbird_random,
-                    int64_t(m.bigbird_seed), int64_t(layout_kind(spec)), int64_t(spec.schedule), int64_t(spec.ulysses)})
+                    int64_t(m.bigbird_seed), int64_t(layout_kind(spec)), int64_t(spec.schedule), int64_t(spec.ulysses),
+                    int64_t(spec.kernel), int64_t(spec.deterministic)})
     add(x);
   int64_t scale_bits = 0;
   std::memcpy(&scale_bits, &spec.softmax_scale, sizeof scale_bits);

@@ -18,7 +18,7 @@ namespace ringattn::testing {
 struct KernelVariant {
   DType dtype = DType::f32;
   std::string kernel;  // the backend's word for it: "avx512", "tensor_core", "simple"...
-  kernels::SamePrecision precision = kernels::SamePrecision::fp32;
+  kernels::SamePrecision precision = kernels::SamePrecision::fp32();
 
   std::string tag() const { return std::string(dtype_name(dtype)) + "/" + kernel; }
 };

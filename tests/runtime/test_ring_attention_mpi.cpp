@@ -146,19 +146,19 @@ class CountingBackend final : public AttentionBackend {
                size_t height) override {
     inner_->copy_2d(dst, dst_pitch, src, src_pitch, width, height);
   }
-  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-               const MaskView& mask, const kernels::AttentionState& state,
-               const std::function<void()>& progress) override {
-    inner_->forward(dims, q, kv, mask, state, progress);
+  StepKernel forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                     const MaskView& mask, const kernels::AttentionState& state,
+                     const std::function<void()>& progress) override {
+    return inner_->forward(dims, q, kv, mask, state, progress);
   }
   void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
              float* delta) override {
     inner_->delta(dims, rows, o, dout, dtype, delta);
   }
-  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
-                const MaskView& mask, const std::function<void()>& progress) override {
-    inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
+  StepKernel backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                      const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                      const MaskView& mask, const std::function<void()>& progress) override {
+    return inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
   }
   void synchronize() override { inner_->synchronize(); }
   kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const override {

@@ -91,7 +91,8 @@ Result run_ring(comm::Communicator& comm, AttentionBackend& be, const Case& c, c
                dout = to_backend(be, make(RandomTensor::dout, H), dtype);
   DeviceBuffer o(be, sizeof(float) * size_t(B * rows * H * D)), lse(be, sizeof(float) * size_t(B * H * rows));
   DeviceBuffer dq(be, o.bytes()), dk(be, sizeof(float) * size_t(B * rows * Hkv * D)), dv(be, dk.bytes());
-  RingAttention ring(comm, be, layout, c.mask, RingOptions{dims, dtype, schedule});
+  // Our kernels: the cuDNN path has its own tests (test_ring_cudnn.cpp).
+  RingAttention ring(comm, be, layout, c.mask, RingOptions{dims, dtype, schedule, KernelChoice::own});
   ring.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
   ring.backward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>(), dout.data(), dq.as<float>(),
                 dk.as<float>(), dv.as<float>());

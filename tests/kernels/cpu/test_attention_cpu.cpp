@@ -50,7 +50,7 @@ class CpuKernels final : public KernelBackend {
                                 dk.data() + first * row, dv.data() + first * row, p.mask.view(), options());
   }
   ChunkTolerance chunk_tolerance(const KernelVariant& v) const override {
-    if (v.precision == kernels::SamePrecision::fp32) return {2e-6, 1e-5, 1e-6};
+    if (v.precision == kernels::SamePrecision::fp32()) return {2e-6, 1e-5, 1e-6};
     return {2e-2, 1e-4, 1e-5};  // P rounded to bf16 relative to a maximum that depends on the chunks
   }
 

@@ -120,9 +120,9 @@ class CudaKernels final : public KernelBackend {
     if (kernels::cuda_tensor_cores_apply(dims, dtype, aligned, aligned, aligned)) {  // P and dS in the input type
       using kernels::SamePrecision;
       v.push_back({dtype, "tensor_core",
-                   dtype == DType::bf16 ? SamePrecision::bf16_products : SamePrecision::fp16_products});
+                   dtype == DType::bf16 ? SamePrecision::bf16_products() : SamePrecision::fp16_products()});
     }
-    v.push_back({dtype, "simple", kernels::SamePrecision::fp32});
+    v.push_back({dtype, "simple", kernels::SamePrecision::fp32()});
     return v;
   }
   void forward(const Problem& p, const KernelVariant& v, int64_t first, int64_t last, std::vector<float>& o,
