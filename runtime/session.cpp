@@ -146,4 +146,8 @@ AttentionPlan& Session::plan(const Shard& shard, const AttentionSpec& spec, int6
   return p;
 }
 
+void Session::forget(const AttentionPlan& plan) {
+  std::erase_if(plans_, [&](const auto& entry) { return entry.second.get() == &plan; });
+}
+
 }  // namespace ringattn

@@ -93,6 +93,9 @@ class Session {
   // collective over the ranks, which must all ask for the same plans in the same order.
   AttentionPlan& plan(const Shard& shard, const AttentionSpec& spec, int64_t seq_len);
   size_t cached_plans() const { return plans_.size(); }
+  // Drops a plan and the buffers its ring holds (the probes of `--auto` measure with plans of
+  // their own and give them back). Every rank must forget the same plans.
+  void forget(const AttentionPlan& plan);
 
  private:
   // The communicator of a hybrid group: a split of MPI, under the link emulation of the groups'

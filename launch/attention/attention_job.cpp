@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "launch/attention/attention_auto.hpp"
 #include "launch/attention/attention_inputs.hpp"
 #include "launch/attention/attention_options.hpp"
 #include "launch/attention/attention_report.hpp"
@@ -77,16 +78,25 @@ struct Open {
   AttentionPlan* plan = nullptr;
   Shard shard;
   std::optional<Mask> true_mask;
+  std::optional<Json> auto_choice;  // --auto: the candidates and the choice
   const Mask& mask() const { return true_mask ? *true_mask : plan->mask(); }
 };
 
-Open open_job(const Job& job, LaunchContext& ctx) {
+// With --auto, the configuration is chosen (and job's spec set) once the session is open.
+Open open_job(Job& job, LaunchContext& ctx) {
   comm::Communicator& comm = ctx.world;
   const TestFault& fault = ctx.seam.fault;
   Open open;
+  agreed_phase(comm, [&] { open.session = open_session(comm, job.context, ctx.seam); });  // NCCL's setup is collective
+  if (job.opt.auto_config) {
+    try {  // the probe's passes and transfers: a failure cannot be agreed on
+      open.auto_choice = choose_auto_configuration(job, *open.session);
+    } catch (const std::exception& e) {
+      fail_now(comm, e);
+    }
+  }
   AttentionSpec ring_spec;
   agreed_phase(comm, [&] { ring_spec = fault.ring_spec(job.spec, job.shard.head_dim, job.shard.kv_heads); });
-  agreed_phase(comm, [&] { open.session = open_session(comm, job.context, ctx.seam); });  // NCCL's setup is collective
   agreed_phase(comm, [&] {  // collective only where a hybrid group is split, which every rank does
     open.shard = job.shard;
     open.plan = &open.session->plan(open.shard, ring_spec, job.seq_len);
@@ -258,6 +268,7 @@ void count_work(comm::Communicator& comm, const Job& job, const Open& open, Atte
   r.flops = 4.0 * double(s.batch) * double(s.heads) * double(s.head_dim) * double(pairs);
   r.ranks = comm.size(), r.nodes = open.session->nodes().nodes(), r.backend = open.session->backend().name();
   r.mask = open.mask().describe(), r.layout = layout_name(layout.kind());
+  r.auto_choice = open.auto_choice;
 }
 
 }  // namespace

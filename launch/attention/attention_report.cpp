@@ -38,6 +38,8 @@ Json attention_json(const Job& job, const AttentionResults& r, double fwd_s, dou
   j["cudnn_steps"] = r.cudnn_steps;
   j["own_steps"] = r.own_steps;
   if (!r.cudnn.empty()) j["cudnn"] = r.cudnn;
+  j["ulysses"] = job.opt.ulysses;
+  if (r.auto_choice) j["auto"] = *r.auto_choice;
   if (r.check) {
     j["check_passed"] = r.check->passed();
     j["check_rows"] = r.check->samples;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "launch/attention/attention_options.hpp"
+#include "launch/cli/json.hpp"
 #include "runtime/check.hpp"
 
 namespace ringattn {
@@ -26,6 +27,7 @@ struct AttentionResults {
   std::string cudnn;
   uint64_t peak_rss = 0;
   std::optional<CheckReport> check;
+  std::optional<Json> auto_choice;  // --auto: the candidates' predicted times and the choice
 };
 
 // Writes --json and prints the summary. Returns the exit code (a --json that cannot be written is

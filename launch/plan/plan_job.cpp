@@ -15,6 +15,7 @@
 #include "launch/cli/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
 #include "launch/plan/calibration.hpp"
+#include "launch/plan/cluster_file.hpp"
 #include "launch/plan/hybrid_report.hpp"
 #include "runtime/errors.hpp"
 
@@ -157,33 +158,9 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-double positive_or(const JsonValue& j, const char* key, double fallback, const std::string& path) {
-  const JsonValue* v = j.find(key);
-  if (!v) return fallback;
-  if (!v->is_number() || v->number() < 0)
-    throw usage_error(std::string("--cluster ") + path + ": \"" + key + "\" must be a non-negative number");
-  return v->number();
-}
-
 ClusterSpec load_cluster(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& vm) {
   ClusterSpec c = default_cluster();
-  if (!o.cluster.empty()) {
-    const JsonValue j = read_json_file(o.cluster, "--cluster");
-    if (!j.is_object()) throw usage_error("--cluster " + o.cluster + ": expected a JSON object");
-    ClusterSpec d;
-    d.name = j.string_or("name", o.cluster);
-    d.ranks_per_node = static_cast<int>(positive_or(j, "ranks_per_node", 1, o.cluster));
-    d.intra = {positive_or(j, "intra_bandwidth_gbps", 0, o.cluster), positive_or(j, "intra_latency_us", 0, o.cluster)};
-    d.inter = {positive_or(j, "inter_bandwidth_gbps", 0, o.cluster), positive_or(j, "inter_latency_us", 0, o.cluster)};
-    d.inter_links = static_cast<int>(positive_or(j, "inter_links", 1, o.cluster));
-    d.forward_gflops = positive_or(j, "forward_gflops", positive_or(j, "forward_tflops", 0, o.cluster) * 1e3, o.cluster);
-    d.backward_gflops = positive_or(j, "backward_gflops", positive_or(j, "backward_tflops", 0, o.cluster) * 1e3, o.cluster);
-    d.step_overhead_us = positive_or(j, "step_overhead_us", 0, o.cluster);
-    d.message_overhead_us = positive_or(j, "message_overhead_us", 0, o.cluster);
-    d.host_copy_gbps = positive_or(j, "host_copy_gbps", 0, o.cluster);
-    d.memory_gib = positive_or(j, "memory_gib", 0, o.cluster);
-    c = d;
-  }
+  if (!o.cluster.empty()) c = read_cluster_file(o.cluster, "--cluster");
   if (given(vm, "ranks-per-node")) c.ranks_per_node = f.ranks_per_node;
   if (given(vm, "intra-bandwidth")) c.intra.gbps = f.intra_gbps;
   if (given(vm, "intra-latency")) c.intra.latency_us = f.intra_us;
@@ -207,24 +184,6 @@ ClusterSpec load_cluster(const PlanOptions& o, const ClusterFlags& f, const po::
       c.step_overhead_us < 0 || c.message_overhead_us < 0 || c.host_copy_gbps < 0 || c.memory_gib < 0)
     throw usage_error("cluster bandwidths, latencies, overheads and memory must not be negative");
   return c;
-}
-
-Json cluster_json(const ClusterSpec& c) {
-  Json j = Json::object();
-  j["name"] = c.name;
-  j["ranks_per_node"] = c.ranks_per_node;
-  j["intra_bandwidth_gbps"] = c.intra.gbps;
-  j["intra_latency_us"] = c.intra.latency_us;
-  j["inter_bandwidth_gbps"] = c.inter.gbps;
-  j["inter_links"] = c.inter_links;
-  j["inter_latency_us"] = c.inter.latency_us;
-  j["forward_gflops"] = c.forward_gflops;
-  j["backward_gflops"] = c.backward_gflops;
-  j["step_overhead_us"] = c.step_overhead_us;
-  j["message_overhead_us"] = c.message_overhead_us;
-  j["host_copy_gbps"] = c.host_copy_gbps;
-  j["memory_gib"] = c.memory_gib;
-  return j;
 }
 
 int64_t dtype_bytes_of(const std::string& name, const std::string& where) {
