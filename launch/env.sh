@@ -7,7 +7,7 @@ fi
 # halves its sgemm; our benchmark compares against sgemm, so let OpenBLAS pick the real core.
 unset OPENBLAS_CORETYPE
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
-# The Python module ringattn, built by launch/build.sh into build/python (README "From PyTorch").
+# The Python module ringattn, built by launch/build.sh into build/python (docs/python.md).
 ringattn_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 case ":${PYTHONPATH:-}:" in
   *":$ringattn_root/build/python:"*) ;;

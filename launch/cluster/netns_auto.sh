@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `--auto` against a sweep of every configuration it chooses among, on the cluster in a box
-# (README "Choosing the configuration: --auto"). For each link rate and node count (one rank per
+# (docs/benchmarks.md, "Choosing the configuration: --auto"). For each link rate and node count (one rank per
 # node): the attention job with every layout x schedule x Ulysses degree, then with --auto (the
 # machine measured at start-up); netns_auto_report.py compares the measured time of --auto's
 # choice with the fastest measured configuration.

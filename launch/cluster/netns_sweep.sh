@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scaling sweep on the cluster in a box (README "Scaling on the cluster in a box"): for each
+# The scaling sweep on the cluster in a box (docs/benchmarks.md, "Scaling on the cluster in a box"): for each
 # link rate, `ringattn bench` over 1, 2, 4, 8 nodes: weak scaling and strong scaling with one rank
 # per node, and the hybrid (--ulysses 2) with two ranks per node. Each timed run is followed by a
 # forward pass alone (no check), whose bytes on the wire (the nodes' veth counters) are compared

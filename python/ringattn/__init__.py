@@ -48,7 +48,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), doc_lens=None, block_ma
     torch's current stream (after the kernels that wrote q, k, v; no device-wide sync). There,
     kernel="auto" runs cuDNN's fused attention for the ring steps it can express and ours for the
     rest, "cudnn" refuses a call it cannot run, "own" runs ours only; deterministic=True makes the
-    backward bitwise reproducible (README "The GPU path").
+    backward bitwise reproducible (docs/gpu.md).
     """
     device = "cuda" if getattr(q, "is_cuda", False) else "cpu"
     ctx = _context(comm, device)

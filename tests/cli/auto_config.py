@@ -1,4 +1,4 @@
-"""`ringattn --auto` end to end (README "Choosing the configuration: --auto"): the job runs the
+"""`ringattn --auto` end to end (docs/benchmarks.md, "Choosing the configuration: --auto"): the job runs the
 configuration it printed as chosen, the fastest predicted of its candidates, and checks itself;
 what the command line fixes stays fixed; a calibration file replaces the start-up measurement;
 bad uses exit 2 naming the option.

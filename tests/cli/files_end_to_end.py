@@ -132,7 +132,7 @@ def main():
                 err = np.abs(got[fin] - r[fin]).max() if fin.any() else 0.0
                 scale = max(1.0, np.abs(r[fin]).max() if fin.any() else 1.0)
                 # bf16 gradients: the kernels may round P and dS to bf16 before their products
-                # (FlashAttention-2's contract, README "The kernel"), 2^-9 of each term.
+                # (FlashAttention-2's contract, docs/kernels.md), 2^-9 of each term.
                 t = 2.0 ** -6 if "bf16" in margs and n in ("dq", "dk", "dv") else tol
                 ok = same_inf and err <= t * scale
                 print(f"case {c} ({ranks} ranks {' '.join(os.path.basename(a) for a in margs)}) {n}: max err {err:.2e} {'ok' if ok else 'FAILED'}")

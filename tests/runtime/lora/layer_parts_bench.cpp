@@ -1,4 +1,4 @@
-// The layer's overhead over its parts, measured in the same run (README "The LoRA attention layer"):
+// The layer's overhead over its parts, measured in the same run (docs/layer.md):
 //
 //   layer  = forward + backward of LoraLayer (gathers, projections, rope, biases, the ring,
 //            the gradient reduce-scatter), the slowest rank's time;
