@@ -84,7 +84,7 @@ void check_ring(comm::Communicator& comm, const PrecisionCase& c, LayoutKind kin
 
   int failed = 0;
   if (rank == 0) {
-    const PrecisionOracle oracle(p, kernels::cpu_same_precision(c.dtype));
+    const PrecisionOracle oracle(p, {kernels::SamePrecision::fp32, kernels::cpu_same_precision(c.dtype)});
     const std::string what = std::string("ring P=") + std::to_string(P) + " " + layout_name(kind) + "/" +
                              schedule_name(schedule) + " " + c.describe();
     const PrecisionErrors e = oracle.judge(got);

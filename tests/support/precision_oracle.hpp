@@ -75,14 +75,19 @@ inline double worst_ratio(const PrecisionErrors& e) {
 
 class PrecisionOracle {
  public:
-  // `same`: how the kernel under test rounds (SamePrecision::bf16_products for kernels that round
-  // P and dS to bf16 before their products). `p` must outlive the oracle.
-  PrecisionOracle(const Problem& p, kernels::SamePrecision same) : p_(p) {
+  // How the kernel under test rounds in each pass (SamePrecision::bf16_products where it rounds P,
+  // and in the backward dS, to bf16 before their products; the CPU's forward never does).
+  struct Rounding {
+    kernels::SamePrecision forward, backward;
+  };
+  // `p` must outlive the oracle.
+  PrecisionOracle(const Problem& p, Rounding rounding) : p_(p) {
+    const kernels::SamePrecision same = rounding.backward;
     const int64_t L = p.rows_q(), H = p.dims.heads, Hkv = p.dims.kv_heads, D = p.dims.head_dim;
     if (p.dims.batch != 1 || p.rows_k() != L) throw std::invalid_argument("PrecisionOracle: batch 1, L x L");
     rows_ = judged_rows(L);
     const MaskView mask = p.mask.view();
-    forward_all(same);
+    forward_all(rounding.forward);
     kernels::add_deltas(p.dims, L, p.dout, st_);
 
     // dQ of the judged query rows, against every key.

@@ -112,7 +112,9 @@ void check_cuda(const PrecisionCase& c, CudaKernel kernel, int chunks = 1) {
   const Problem p = c.problem();
   const ElementType t = kernels::element_type(c.dtype);
   const bool tensor_cores = kernel == CudaKernel::tensor_core;
-  const PrecisionOracle oracle(p, tensor_cores ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32);
+  const kernels::SamePrecision same =
+      tensor_cores ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
+  const PrecisionOracle oracle(p, {same, same});
   const PrecisionErrors e = oracle.judge(run_cuda(p, t, kernel, chunks));
   const std::string what = std::string("cuda ") + (tensor_cores ? "tensor_core " : "simple ") + c.describe() +
                            (chunks > 1 ? " in " + std::to_string(chunks) + " key parts" : "");
