@@ -22,7 +22,7 @@ target_compile_features(ringattn_shared INTERFACE cxx_std_17)
 install(TARGETS ringattn_shared EXPORT ringattnTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES ${PROJECT_SOURCE_DIR}/include/ringattn/ringattn.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringattn)
+install(FILES ${PROJECT_SOURCE_DIR}/include/ringattn/ringattn.hpp ${PROJECT_SOURCE_DIR}/include/ringattn/errors.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ringattn)
 install(TARGETS ringattn RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT ringattnTargets NAMESPACE ringattn:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ringattn)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ringattnConfig.cmake.in

@@ -13,19 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "ringattn/errors.hpp"
+#include "util/dtype.hpp"
+
 namespace ringattn::comm {
 
-// A communication fault: peer lost, timeout, transport error (exit code 4 at the top).
-class CommError : public std::runtime_error {
+// A communication fault: peer lost, timeout, transport error (a Fault: exit code 4 at the top).
+class CommError : public Fault {
  public:
-  using std::runtime_error::runtime_error;
+  using Fault::Fault;
 };
 
-enum class DataType : uint8_t { u8, i32, i64, f32, f64 };
 enum class ReduceOp : uint8_t { sum, max, min };
 enum class MemorySpace : uint8_t { host, device };
-
-size_t data_type_size(DataType t);
 
 // Handle of a posted point-to-point transfer; invalid once completed, or once test() or wait()
 // has thrown.
@@ -34,10 +34,9 @@ struct Request {
   bool valid() const { return id >= 0; }
 };
 
-// Delays transfers as a slower link would (bandwidth in GB/s = 1e9 bytes/s, latency in
-// microseconds), so one machine can show how overlap behaves when the network is the
-// bottleneck. A message of n bytes posted at t completes no earlier than
-// t + latency + n / bandwidth. Zero means "not emulated".
+// A slower link's parameters (bandwidth in GB/s = 1e9 bytes/s, latency in microseconds), which
+// EmulatedLinkCommunicator (comm/emulated_link_communicator.hpp) emulates. Zero means "not
+// emulated".
 struct LinkEmulation {
   double gbps = 0.0;
   double latency_us = 0.0;
@@ -113,14 +112,14 @@ class Communicator {
   static constexpr int kStepTag = 32767;
 
   // Collectives: blocking, bounded by the timeout, same call order on every rank.
-  virtual void allreduce(void* buf, size_t count, DataType type, ReduceOp op) = 0;
+  virtual void allreduce(void* buf, size_t count, DType type, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   // Rank r contributes recv_bytes[r] bytes; recv holds them concatenated in rank order.
   virtual void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) = 0;
   // send holds size() consecutive blocks, block r of counts[r] elements; rank r receives the
   // reduction over ranks of block r.
-  virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  virtual void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                               ReduceOp op) = 0;
   // All-to-all with per-peer sizes (DeepSpeed-Ulysses' sequence-for-head swap): send holds
   // size() consecutive blocks, block j of send_bytes[j] bytes going to rank j; recv receives
@@ -144,9 +143,6 @@ class Communicator {
 
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
-  // Only the MPI communicator emulates links; others ignore it.
-  virtual void set_link_emulation(const LinkEmulation& link) { link_ = link; }
-  const LinkEmulation& link_emulation() const { return link_; }
 
   // Counters: payload bytes posted by isend and post_step, and seconds blocked in wait() and
   // wait_step() (time in collectives is not counted: wait_seconds is the time compute waited for
@@ -160,7 +156,6 @@ class Communicator {
 
  protected:
   double timeout_s_ = 300.0;
-  LinkEmulation link_;
   uint64_t bytes_sent_ = 0;
   double wait_seconds_ = 0.0;
   int64_t steps_posted_ = 0;

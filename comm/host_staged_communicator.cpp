@@ -6,7 +6,7 @@
 #include <numeric>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn::comm {
 namespace {
@@ -137,8 +137,8 @@ void HostStagedCommunicator::wait(Request& r, const std::string& what) {
   r.id = -1;
 }
 
-void HostStagedCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
-  const size_t bytes = count * data_type_size(type);
+void HostStagedCommunicator::allreduce(void* buf, size_t count, DType type, ReduceOp op) {
+  const size_t bytes = count * static_cast<size_t>(dtype_bytes(type));
   void* view = host_view(buf, bytes, true);
   sync_timeout();
   inner_->allreduce(view, count, type, op);
@@ -171,9 +171,9 @@ void HostStagedCommunicator::allgatherv(const void* send, void* recv, std::span<
   if (sview != send) release_pinned(sview);
 }
 
-void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                                             ReduceOp op) {
-  const size_t tsize = data_type_size(type);
+  const size_t tsize = static_cast<size_t>(dtype_bytes(type));
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * tsize;
   const size_t mine = counts[size_t(rank())] * tsize;
   void* sview = host_view(send, total, true);
@@ -201,11 +201,6 @@ std::unique_ptr<Communicator> HostStagedCommunicator::split(int color, int key) 
   auto staged = std::make_unique<HostStagedCommunicator>(std::move(child));
   staged->set_timeout(timeout());
   return staged;
-}
-
-void HostStagedCommunicator::set_link_emulation(const LinkEmulation& link) {
-  Communicator::set_link_emulation(link);
-  inner_->set_link_emulation(link);
 }
 
 }  // namespace ringattn::comm

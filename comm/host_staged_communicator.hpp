@@ -45,17 +45,16 @@ class HostStagedCommunicator final : public Communicator {
   void wait(Request& r, const std::string& what) override;
   void progress() override { inner_->progress(); }
 
-  void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
+  void allreduce(void* buf, size_t count, DType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
-  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                       ReduceOp op) override;
   void barrier() override;
   [[noreturn]] void abort(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::vector<int> node_of_ranks() override { return inner_->node_of_ranks(); }
-  void set_link_emulation(const LinkEmulation& link) override;
 
   Communicator& inner() { return *inner_; }
 

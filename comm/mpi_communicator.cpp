@@ -11,12 +11,11 @@
 #include <numeric>
 #include <sstream>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn::comm {
 namespace {
 
-constexpr double kForever = std::numeric_limits<double>::infinity();
 // Polling pace of blocking calls (see the header). A rank with a core of its own polls without
 // pause, as MPI_Wait does: Open MPI moves a large message over shared memory only while a rank is
 // inside an MPI call, so sleeping between polls slows the transfer itself (measured: 64 MiB took
@@ -27,15 +26,17 @@ constexpr double kSpinSeconds = 50e-6;
 constexpr double kFirstSleepSeconds = 50e-6;
 constexpr double kLongestSleepSeconds = 200e-6;
 
-MPI_Datatype mpi_type(DataType t) {
+MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DataType::u8: return MPI_UINT8_T;
-    case DataType::i32: return MPI_INT32_T;
-    case DataType::i64: return MPI_INT64_T;
-    case DataType::f32: return MPI_FLOAT;
-    case DataType::f64: return MPI_DOUBLE;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::f16:
+    case DType::bf16: break;  // MPI has no 16-bit floats to reduce
   }
-  return MPI_DATATYPE_NULL;
+  throw std::invalid_argument(std::string("the MPI communicator cannot reduce ") + dtype_name(t) + " values");
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -47,19 +48,14 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-const char* type_name(DataType t) {
-  static const char* names[] = {"u8", "i32", "i64", "f32", "f64"};
-  return names[static_cast<int>(t)];
-}
-
 const char* op_name(ReduceOp op) {
   static const char* names[] = {"sum", "max", "min"};
   return names[static_cast<int>(op)];
 }
 
 // "4 x f32, sum": what a reduction was about, for error messages.
-std::string reduction_text(size_t count, DataType type, ReduceOp op) {
-  return std::to_string(count) + " x " + type_name(type) + ", " + op_name(op);
+std::string reduction_text(size_t count, DType type, ReduceOp op) {
+  return std::to_string(count) + " x " + dtype_name(type) + ", " + op_name(op);
 }
 
 std::string seconds_text(double s) {
@@ -73,6 +69,10 @@ void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration
 // More ranks on this node than online cores (the launcher's local size, where it says one).
 bool node_oversubscribed() {
   static const bool oversubscribed = [] {
+    // Set by whoever knows better than the rank count of this node, e.g. launch/cluster/netns.sh,
+    // whose nodes share one machine's cores.
+    if (const char* forced = std::getenv("RINGATTN_OVERSUBSCRIBED"); forced && *forced)
+      return std::string(forced) != "0";
     long local = 0;
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name)) local = std::max(local, std::strtol(v, nullptr, 10));
@@ -92,7 +92,7 @@ int64_t next_request_id() {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, size_t chunk_bytes)
-    : chunk_bytes_(chunk_bytes), owner_(std::this_thread::get_id()), links_(std::make_shared<Links>()) {
+    : chunk_bytes_(chunk_bytes), owner_(std::this_thread::get_id()) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw CommError("MpiCommunicator: MPI is not initialised (the program calls MPI_Init_thread first)");
@@ -114,10 +114,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent)
       chunk_bytes_(parent.chunk_bytes_),
       owner_(parent.owner_.load()),
       any_thread_(parent.any_thread_),
-      gate_(parent.gate_),
-      links_(parent.links_) {
+      gate_(parent.gate_) {
   timeout_s_ = parent.timeout_s_;
-  link_ = parent.link_;
   adopt();
 }
 
@@ -222,19 +220,6 @@ Request MpiCommunicator::post(void* buf, size_t bytes, int peer, int tag, bool i
   t.peer = peer;
   t.tag = tag;
   t.bytes = bytes;
-  // A message to oneself never crosses the network, so it is not delayed. The departure time
-  // goes ahead of the payload on the same tag; the receive books its link when it arrives.
-  if (link_.active() && peer != rank_) {
-    t.departure = std::make_unique<double>(0.0);
-    if (is_send) {
-      t.emulated_done = links_->outgoing.book(now_seconds(), bytes, link_, t.departure.get());
-      check(MPI_Isend(t.departure.get(), 1, MPI_DOUBLE, peer, tag, comm_, &t.departure_request), "MPI_Isend");
-    } else {
-      t.posted_at = now_seconds();
-      t.emulated_done = kForever;  // until the departure time arrives
-      check(MPI_Irecv(t.departure.get(), 1, MPI_DOUBLE, peer, tag, comm_, &t.departure_request), "MPI_Irecv");
-    }
-  }
   // Consecutive chunks with one tag between one pair arrive in order (MPI's non-overtaking rule).
   size_t offset = 0;
   do {
@@ -263,13 +248,6 @@ bool MpiCommunicator::mpi_test(Transfer& t) {
     return CommError(t.error);
   };
   if (!t.error.empty()) throw CommError(t.error);
-  if (t.departure_request != MPI_REQUEST_NULL) {  // link emulation: the departure time first
-    int flag = 0;
-    if (int err = MPI_Test(&t.departure_request, &flag, MPI_STATUS_IGNORE); err != MPI_SUCCESS)
-      throw fail(mpi_error(err, "MPI_Test of the emulated departure time of " + transfer_text(t)).what());
-    if (!flag) return false;
-    if (!t.is_send) t.emulated_done = links_->incoming.book(std::max(*t.departure, t.posted_at), t.bytes, link_);
-  }
   for (size_t i = 0; i < t.chunks.size() && !t.mpi_done; ++i) {
     MPI_Request& req = t.chunks[i];
     if (req == MPI_REQUEST_NULL) continue;
@@ -298,7 +276,7 @@ bool MpiCommunicator::test(Request& r) {
   Transfer& t = it->second;
   bool done = false;
   try {
-    done = mpi_test(t) && now_seconds() >= t.emulated_done;
+    done = mpi_test(t);
   } catch (const CommError&) {
     forget(it, r);
     throw;
@@ -315,7 +293,7 @@ void MpiCommunicator::wait(Request& r, const std::string& what) {
   const Stopwatch blocked;
   bool done = false;
   try {
-    done = block([&](double now) { return mpi_test(t) ? std::max(0.0, t.emulated_done - now) : kForever; });
+    done = block([&] { return mpi_test(t); });
   } catch (const CommError&) {
     forget(it, r);
     throw;
@@ -371,11 +349,6 @@ void MpiCommunicator::forget(std::map<int64_t, Transfer>::iterator it, Request& 
 
 // Gives up the chunks MPI has not finished (see the header: after a timeout).
 void MpiCommunicator::release(Transfer& t) {
-  if (t.departure_request != MPI_REQUEST_NULL) {
-    if (!t.is_send) MPI_Cancel(&t.departure_request);
-    MPI_Request_free(&t.departure_request);
-    released_departures_.push_back(std::move(t.departure));  // MPI may still touch it
-  }
   for (MPI_Request& req : t.chunks) {
     if (req == MPI_REQUEST_NULL) continue;
     if (!t.is_send) MPI_Cancel(&req);
@@ -383,21 +356,17 @@ void MpiCommunicator::release(Transfer& t) {
   }
 }
 
-template <class SecondsLeft>
-bool MpiCommunicator::block(SecondsLeft seconds_left) {
+template <class Done>
+bool MpiCommunicator::block(Done done) {
   const double start = now_seconds();
   double pause = kFirstSleepSeconds;
   for (;;) {
     if (roll_call_) roll_call_->answer();
+    if (done()) return true;
     const double now = now_seconds();
-    const double left = seconds_left(now);
-    if (left <= 0.0) return true;
     const double until_timeout = start + timeout_s_ - now;
     if (until_timeout <= 0.0) return false;
-    if (left < kForever) {
-      // MPI is done and only the emulated link is not: nothing can end this sooner.
-      sleep_seconds(std::min(left, until_timeout));
-    } else if (node_oversubscribed() && now - start >= kSpinSeconds) {
+    if (node_oversubscribed() && now - start >= kSpinSeconds) {
       sleep_seconds(std::min(pause, until_timeout));
       pause = std::min(2 * pause, kLongestSleepSeconds);
     } else {
@@ -411,10 +380,10 @@ bool MpiCommunicator::block(SecondsLeft seconds_left) {
 // ---- collectives ----
 
 void MpiCommunicator::finish_collective(MPI_Request& req, const std::string& what) {
-  const bool done = block([&](double) {
+  const bool done = block([&] {
     int flag = 0;
     check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-    return flag ? 0.0 : kForever;
+    return flag != 0;
   });
   if (!done) {
     const std::string found = roll_call_report();
@@ -431,7 +400,7 @@ std::string MpiCommunicator::roll_call_report() {
   return roll_call_text(roll_call_->absent(grace), size_, grace, [this](int r) { return describe(r); });
 }
 
-void MpiCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
+void MpiCommunicator::allreduce(void* buf, size_t count, DType type, ReduceOp op) {
   const Entry entry(*this, "allreduce");
   MPI_Request req;
   check(MPI_Iallreduce(MPI_IN_PLACE, buf, int_count(count, "allreduce"), mpi_type(type), mpi_op(op), comm_, &req),
@@ -477,7 +446,7 @@ void MpiCommunicator::allgatherv(const void* send, void* recv, std::span<const s
   finish_collective(req, "allgatherv (" + std::to_string(offset) + " bytes in all)");
 }
 
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                                      ReduceOp op) {
   const Entry entry(*this, "reduce_scatter");
   check_per_rank(counts.size(), "reduce_scatter");
@@ -495,7 +464,7 @@ void MpiCommunicator::alltoallv(const void* send, std::span<const size_t> send_b
   check_per_rank(recv_bytes.size(), "alltoallv");
   size_t send_total = 0, recv_total = 0;
   for (int r = 0; r < size_; ++r) send_total += send_bytes[r], recv_total += recv_bytes[r];
-  if (link_.active() || send_total > size_t(INT_MAX) || recv_total > size_t(INT_MAX)) {
+  if (send_total > size_t(INT_MAX) || recv_total > size_t(INT_MAX)) {
     Communicator::alltoallv(send, send_bytes, recv, recv_bytes);
     return;
   }

@@ -19,8 +19,9 @@
 // Timeouts. A blocking call polls MPI_Test without pause, as MPI_Wait does (a large message moves
 // over shared memory only while a rank is inside MPI), yielding the core between polls to any
 // other runnable process (sched_yield); when the node runs more ranks than cores
-// (oversubscribed), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving its core to a
-// rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
+// (oversubscribed; RINGATTN_OVERSUBSCRIBED=1 or 0 says so where the launcher knows better, as on
+// nodes that share one machine), it spins for 50 us, then sleeps 50 us growing to 200 us, leaving
+// its core to a rank that computes. It throws CommError after timeout() seconds, naming this rank, the peer,
 // the tag and what was awaited, and what a roll call found (roll_call.hpp): which ranks of the
 // communicator did not answer within roll_call_grace() (timeout / 5, between 0.1 and 2 s) more,
 // so that a collective, which cannot say who is missing, and a wait on a neighbour that is only
@@ -38,20 +39,6 @@
 // Large messages. MPI counts are int, so a transfer goes as consecutive messages of at most
 // chunk_bytes (1 GiB); a receive must name the byte count of its send (checked on arrival).
 // Collectives take at most 2^31 - 1 elements per rank and call (a larger one throws CommError).
-//
-// Link emulation (set_link_emulation; every rank of the communicator sets the same). Each rank
-// has one emulated link per direction, shared by all its peers and by the communicators split
-// from this one, as a rank has one network port. A message of n bytes posted at t waits for the
-// link to carry the messages booked before it, start = max(t, link free), holds it n / bandwidth,
-// and arrives `latency` later: done = start + n / bandwidth + latency. Latency does not hold the
-// link (a long wire carries several messages at once). A request is complete once MPI says so and
-// its emulated time has come, on both sides. The sender books its outgoing link when it posts the
-// send and sends the start time ahead of the payload (one double on the same tag); the receiver
-// books its incoming link when that arrives, from max(that start, when it posted the receive), so
-// a receive posted long before its send completes no earlier than the send could have arrived
-// (the start times compare the ranks' steady clocks: emulate on one machine). A send completes on
-// its own link's time, without waiting for the receive to be posted. Messages to oneself and
-// collectives are not delayed.
 //
 // Counters. bytes_sent() counts isend payloads. wait_seconds() counts the time blocked in
 // wait() only: the time compute waited for data ("exposed communication" in the benchmarks);
@@ -75,20 +62,6 @@
 #include "comm/roll_call.hpp"
 
 namespace ringattn::comm {
-
-// One direction of a rank's emulated link: messages queue for it and are carried one at a time.
-struct EmulatedLink {
-  double free_at = 0.0;  // when the link has carried every message booked so far
-
-  // Books a message of `bytes` posted at time `now` (seconds); returns when it has arrived, and
-  // in `start` when the link took it.
-  double book(double now, size_t bytes, const LinkEmulation& link, double* start = nullptr) {
-    const double begin = std::max(now, free_at);
-    if (start) *start = begin;
-    free_at = begin + (link.gbps > 0.0 ? double(bytes) / (link.gbps * 1e9) : 0.0);
-    return free_at + link.latency_us * 1e-6;
-  }
-};
 
 class MpiCommunicator : public Communicator {
  public:
@@ -115,14 +88,14 @@ class MpiCommunicator : public Communicator {
   // Whether some thread is inside a call of this communicator's family now (tests, diagnostics).
   bool call_in_progress() const { return gate_->holder.load(std::memory_order_acquire) != std::thread::id(); }
 
-  void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
+  void allreduce(void* buf, size_t count, DType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
-  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                       ReduceOp op) override;
-  // MPI_Ialltoallv; the point-to-point default (Communicator::alltoallv) under link emulation,
-  // so that the emulated link delays it, and when a size or offset exceeds MPI's int.
+  // MPI_Ialltoallv; the point-to-point default (Communicator::alltoallv) when a size or offset
+  // exceeds MPI's int.
   void alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,
                  std::span<const size_t> recv_bytes) override;
   void barrier() override;
@@ -136,26 +109,17 @@ class MpiCommunicator : public Communicator {
   size_t outstanding() const { return transfers_.size(); }
 
  private:
-  struct Links {
-    EmulatedLink outgoing, incoming;
-  };
-  // One posted isend or irecv: its MPI messages (one per chunk) and its emulated arrival.
+  // One posted isend or irecv: its MPI messages (one per chunk).
   struct Transfer {
     std::vector<MPI_Request> chunks;
     bool is_send = false;
     int peer = 0, tag = 0;
     size_t bytes = 0;
-    double emulated_done = 0.0;  // 0 without link emulation
-    // Link emulation: when the sender's link took the message, sent ahead of it (a receive books
-    // its incoming link when this arrives), and when the receive was posted.
-    std::unique_ptr<double> departure;
-    MPI_Request departure_request = MPI_REQUEST_NULL;
-    double posted_at = 0.0;
     bool mpi_done = false;
     std::string error;  // met by progress(), thrown by the next test() or wait()
   };
 
-  // Adopts `owned` (from split), with the settings and links of `parent`.
+  // Adopts `owned` (from split), with the settings of `parent`.
   MpiCommunicator(MPI_Comm owned, const MpiCommunicator& parent);
   void adopt();
 
@@ -164,10 +128,9 @@ class MpiCommunicator : public Communicator {
   bool mpi_test(Transfer& t);
   void forget(std::map<int64_t, Transfer>::iterator it, Request& r);
   void release(Transfer& t);
-  // Blocks until `seconds_left(now)` is 0; false once timeout() seconds have passed.
-  // seconds_left returns a known time (emulated link) or infinity while MPI is not done.
-  template <class SecondsLeft>
-  bool block(SecondsLeft seconds_left);
+  // Blocks until `done()`; false once timeout() seconds have passed.
+  template <class Done>
+  bool block(Done done);
   void finish_collective(MPI_Request& req, const std::string& what);
   // After a timeout: which ranks answer, in words ("" before the roll call exists).
   std::string roll_call_report();
@@ -204,9 +167,7 @@ class MpiCommunicator : public Communicator {
     int depth = 0;  // the holder's alone
   };
   std::shared_ptr<CallGate> gate_ = std::make_shared<CallGate>();
-  std::shared_ptr<Links> links_;
   std::map<int64_t, Transfer> transfers_;  // by request id, which grows in posting order
-  std::vector<std::unique_ptr<double>> released_departures_;  // of transfers given up (after a timeout)
   std::vector<int> counts_, displacements_;  // arguments of the v-collectives
   std::vector<int> send_counts_, send_displacements_;  // alltoallv's send side
   std::unique_ptr<RollCall> roll_call_;      // on its own duplicate of comm_

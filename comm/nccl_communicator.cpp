@@ -12,19 +12,21 @@
 
 #include "comm/host_staged_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn::comm {
 
 namespace {
 
-ncclDataType_t nccl_type(DataType t) {
+ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DataType::u8: return ncclUint8;
-    case DataType::i32: return ncclInt32;
-    case DataType::i64: return ncclInt64;
-    case DataType::f32: return ncclFloat32;
-    case DataType::f64: return ncclFloat64;
+    case DType::u8: return ncclUint8;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
   }
   return ncclUint8;
 }
@@ -181,7 +183,7 @@ void NcclCommunicator::Impl::agree_joined(ncclResult_t r, ncclComm_t joining, Co
                            : r == ncclInProgress
                                ? what + " did not finish within " + seconds_text(self.timeout()) + " s"
                                : what + " failed: " + nccl_text(r);
-  everyone.allreduce(&bad, 1, DataType::i32, ReduceOp::max);
+  everyone.allreduce(&bad, 1, DType::i32, ReduceOp::max);
   if (bad) {
     if (joining && joining != comm) ncclCommAbort(joining);
     fail(mine.empty() ? what + " failed on another rank (see its error)" : mine);
@@ -212,7 +214,7 @@ void NcclCommunicator::Impl::select_device() {
   }
   // Every rank fails if one does (the others would wait for it in the NCCL init).
   int32_t bad = problem.empty() ? 0 : 1;
-  control->allreduce(&bad, 1, DataType::i32, ReduceOp::max);
+  control->allreduce(&bad, 1, DType::i32, ReduceOp::max);
   if (bad)
     throw std::runtime_error(problem.empty() ? "NCCL communicator: another node has more ranks than GPUs (see its error)"
                                              : problem);
@@ -351,7 +353,7 @@ void NcclCommunicator::progress() {
 
 // ---- collectives ----
 
-void NcclCommunicator::allreduce(void* buf, size_t count, DataType type, ReduceOp op) {
+void NcclCommunicator::allreduce(void* buf, size_t count, DType type, ReduceOp op) {
   Impl& m = *impl_;
   m.sync_timeouts();
   if (!is_device_pointer(buf)) return m.control->allreduce(buf, count, type, op);
@@ -380,7 +382,7 @@ void NcclCommunicator::allgatherv(const void* send, void* recv, std::span<const 
   impl_->staged->allgatherv(send, recv, recv_bytes);
 }
 
-void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                                       ReduceOp op) {
   Impl& m = *impl_;
   m.sync_timeouts();

@@ -73,11 +73,11 @@ class NcclCommunicator final : public Communicator {
   StepHandle post_step(std::span<const StepTransfer> transfers) override;
   void wait_step(StepHandle& step, const std::string& what) override;
 
-  void allreduce(void* buf, size_t count, DataType type, ReduceOp op) override;
+  void allreduce(void* buf, size_t count, DType type, ReduceOp op) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allgatherv(const void* send, void* recv, std::span<const size_t> recv_bytes) override;
-  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DataType type,
+  void reduce_scatter(const void* send, void* recv, std::span<const size_t> counts, DType type,
                       ReduceOp op) override;
   void barrier() override;
   void alltoallv(const void* send, std::span<const size_t> send_bytes, void* recv,

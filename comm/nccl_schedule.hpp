@@ -16,7 +16,7 @@ inline int gpu_for_local_rank(int local_rank, int local_ranks, int devices, cons
   if (local_ranks > devices)
     throw std::runtime_error("node " + node + ": " + std::to_string(local_ranks) + " ranks but " +
                              std::to_string(devices) + " GPUs visible; the NCCL communicator needs one GPU per rank " +
-                             "(run at most " + std::to_string(devices) + " ranks per node, or use --comm mpi)");
+                             "(run at most " + std::to_string(devices) + " ranks per node, or use the MPI transport)");
   return local_rank;
 }
 

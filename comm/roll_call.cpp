@@ -4,7 +4,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn::comm {
 namespace {

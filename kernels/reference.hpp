@@ -37,14 +37,16 @@ void reference_backward(const AttentionDims& dims, const float* q, const int64_t
 // The same computation in plain fp32 (scores, softmax, products in float): the "same precision
 // reference" whose error against fp64 sets the bound of every check (kernels/error_rule.hpp).
 // Inputs are what the kernel saw (bf16 inputs converted exactly), so fp32 accumulation models the
-// bf16 kernels too; SamePrecision::bf16_products (kernels/attention.hpp) also rounds P and dS to
-// bf16 before their products, as the tensor-core kernels and the CPU's bf16 dot path do.
+// bf16 kernels too; SamePrecision (kernels/attention.hpp) says where P and dS are rounded to bf16
+// or fp16 before their products (the tensor cores, the CPU's bf16 dot product in the backward), and
+// with *_step_outputs the call's O, or its contribution to dq, dk and dv, is rounded to bf16 (one
+// ring step's result on cuDNN; callers make one call per step's keys).
 void naive_forward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                         const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const MaskView& mask,
-                        float* o, float* lse, SamePrecision precision = SamePrecision::fp32);
+                        float* o, float* lse, SamePrecision precision = SamePrecision::fp32());
 void naive_backward_fp32(const AttentionDims& dims, const float* q, const int64_t* q_pos, int64_t q_rows,
                          const float* k, const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout,
                          const float* lse, const float* delta, const MaskView& mask, float* dq, float* dk,
-                         float* dv, SamePrecision precision = SamePrecision::fp32);
+                         float* dv, SamePrecision precision = SamePrecision::fp32());
 
 }  // namespace ringattn::kernels

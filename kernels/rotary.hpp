@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 
 namespace ringattn::kernels {
 

@@ -41,13 +41,14 @@ RowStates forward(const WholeProblem& p, const std::vector<float>& qs, const std
                     st.lse.data());
   naive_forward_fp32(p.dims, qs.data(), at.data(), S, p.k, p.v, all.data(), p.seq_len, p.mask, st.o32.data(),
                      st.lse32.data(), p.precision);
-  if (!ds.empty()) add_deltas(p.dims, S, ds, st);
+  if (!ds.empty()) add_deltas(p.dims, S, ds, st, p.precision);
   return st;
 }
 
 }  // namespace
 
-void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st) {
+void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st,
+                SamePrecision precision) {
   const int64_t B = dims.batch, H = dims.heads, D = dims.head_dim;
   st.delta.assign(static_cast<size_t>(B * H * S), 0.0), st.delta32.assign(st.delta.size(), 0.0f);
   for (int64_t b = 0; b < B; ++b)
@@ -58,7 +59,7 @@ void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& 
         for (int64_t d = 0; d < D; ++d) {
           const size_t e = static_cast<size_t>(((b * S + s) * H + h) * D + d);
           acc += st.o[e] * double(dout[e]);
-          acc32 += st.o32[e] * dout[e];
+          acc32 += (precision.backward_step_outputs ? bf16_to_float(float_to_bf16(st.o32[e])) : st.o32[e]) * dout[e];
         }
         st.delta[static_cast<size_t>((b * H + h) * S + s)] = acc;
         st.delta32[static_cast<size_t>((b * H + h) * S + s)] = acc32;

@@ -25,7 +25,7 @@ struct WholeProblem {
   int64_t seq_len = 0;
   MaskView mask;
   const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
-  SamePrecision precision = SamePrecision::fp32;
+  SamePrecision precision = SamePrecision::fp32();
 };
 
 // The kernel's results; dq, dk, dv null when only the forward pass ran.
@@ -49,8 +49,10 @@ struct RowStates {
   std::vector<float> o32, lse32, delta32;
 };
 
-// delta = rowsum(dO * O) in both precisions, (B, H, S), from st.o, st.o32 and dO (B, S, H, D).
-void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st);
+// delta = rowsum(dO * O) in both precisions, (B, H, S), from st.o, st.o32 and dO (B, S, H, D); the
+// same-precision one from O rounded to bf16 where the backward reads it so (backward_step_outputs).
+void add_deltas(const AttentionDims& dims, int64_t S, const std::vector<float>& dout, RowStates& st,
+                SamePrecision precision = SamePrecision::fp32());
 
 // Visible keys of the query at position i of an L-row sequence (an upper bound under a block
 // mask): the cost measure of both checks' recompute budgets.

@@ -12,9 +12,14 @@
 #      when MPI is there (otherwise skipped, said so); and the Python module on CUDA tensors
 #      (forward and backward at P = 1 against fp64, on torch's current stream;
 #      tests/python/cuda_check.py) when it was built and torch has CUDA;
+#   3b. cuDNN's fused attention (--kernel cudnn, cuDNN found as printed at the start): cuDNN's own
+#      checks of every planned graph, the ring through the cuDNN path against fp64 at 1 and 2 ranks
+#      (ringattn_cuda_mpi_tests RingCudnn*), the job with --kernel cudnn --check at 1 and 2 ranks;
 #   4. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
 #      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
 #      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
+#      then the cuDNN table (launch/bench/cudnn_table.py): the job at 1 rank on --kernel cudnn and
+#      own beside torch's flash and cuDNN backends and flash-attn, full, causal and a 4K window;
 #   5. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
 #      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels),
 #      after the tests and the table so that a slow sanitizer cannot spend their budget;
@@ -120,6 +125,26 @@ skipped() {  # skipped NAME WHY: recorded with exit 126
 echo "# ringattn GPU check: build $build, architecture sm_$arch, budget ${budget}s, result $result"
 echo "# nvcc: ${nvcc_path:-not found}; compute-sanitizer: ${sanitizer:-not found}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null || true
+[ -n "$nvcc_path" ] && echo "# CUDA: $("$nvcc_path" --version | tail -n 1)"
+
+# cuDNN for --kernel cudnn (loaded at run time): RINGATTN_CUDNN_LIBRARY, else the loader's
+# libcudnn.so.9, else PyTorch's wheel (nvidia/cudnn/lib); cudnn.h for the build: the toolkit's, else
+# the wheel's include/. cudnn-frontend's headers travel with the tree (carry build/third_party).
+cudnn_wheel=$(python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null || true)
+if [ -z "${RINGATTN_CUDNN_LIBRARY:-}" ]; then
+  cudnn_lib=$(ldconfig -p 2>/dev/null | awk '/libcudnn\.so\.9 / {print $NF; exit}')
+  [ -z "$cudnn_lib" ] && [ -e "$cudnn_wheel/lib/libcudnn.so.9" ] && cudnn_lib=$cudnn_wheel/lib/libcudnn.so.9
+  [ -n "$cudnn_lib" ] && export RINGATTN_CUDNN_LIBRARY=$cudnn_lib
+fi
+cudnn_version=$(python3 -c 'import ctypes, sys; v = ctypes.CDLL(sys.argv[1]).cudnnGetVersion(); print(f"{v // 10000}.{v // 100 % 100}.{v % 100}")' \
+  "${RINGATTN_CUDNN_LIBRARY:-libcudnn.so.9}" 2>/dev/null || echo "none loadable")
+echo "# cuDNN: ${RINGATTN_CUDNN_LIBRARY:-libcudnn.so.9 (loader path)}, version $cudnn_version"
+cudnn_args=()
+if [ ! -e "$(dirname "${nvcc_path:-/none}")/../include/cudnn.h" ] && [ -e "$cudnn_wheel/include/cudnn.h" ]; then
+  cudnn_args=(-DCUDNN_INCLUDE_DIR="$cudnn_wheel/include")
+fi
+fe_version=$(cat build/third_party/cudnn-frontend/VERSION 2>/dev/null || echo "missing: the cuDNN path is not built")
+echo "# cudnn-frontend headers: $fe_version"
 : > "$logs/configure.log"
 [ -n "$nvcc_path" ] || { echo "# no nvcc on PATH or in /usr/local/cuda*/bin: cannot build"; exit 1; }
 
@@ -164,17 +189,18 @@ fi
 mode=full
 if ! step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
      -DCMAKE_CUDA_COMPILER="$nvcc_path" ${nccl_args[@]+"${nccl_args[@]}"} ${python_args[@]+"${python_args[@]}"} \
-     ${deps_args[@]+"${deps_args[@]}"} ||
+     ${deps_args[@]+"${deps_args[@]}"} ${cudnn_args[@]+"${cudnn_args[@]}"} ||
    [ ! -d "$build/tests/kernels/cuda/CMakeFiles/ringattn_cuda_tests.dir" ]; then
   mode=check-only
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
   step configure 90 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DCMAKE_CUDA_COMPILER="$nvcc_path" -DRINGATTN_GPU_CHECK_ONLY=ON ||
+    -DCMAKE_CUDA_COMPILER="$nvcc_path" -DRINGATTN_GPU_CHECK_ONLY=ON ${cudnn_args[@]+"${cudnn_args[@]}"} ||
     { echo "# configure failed: see $logs/configure.log"; exit 1; }
 fi
 echo "# build mode: $mode"
 if [ "$mode" = full ]; then
-  targets=(ringattn ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench)
+  targets=(ringattn ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench
+           ringattn_cudnn_graph_tests)
   # The Python module, when pybind11 and the Python headers were found.
   [ -d "$build/python/CMakeFiles/ringattn_python.dir" ] && targets+=(ringattn_python)
 else
@@ -232,6 +258,19 @@ print(" ".join(t.layer_files(sys.argv[1], batch=1, seq_len=2048, d_model=512, he
   else
     skipped layer_np1 "python3 could not write the layer's inputs (see $logs/layer_np1.log)"
   fi
+  # 3b. cuDNN's fused attention (--kernel cudnn): every graph the planner makes through cuDNN's own
+  # checks; the ring through the cuDNN path against fp64 (every mask kind, both schedules, every
+  # layout; the kernel choice's errors; the deterministic backward) at 1 and 2 ranks sharing the
+  # GPU; the job with --check at 1 and 2 ranks.
+  step cudnn_graphs 60 "$build/ringattn_cudnn_graph_tests" || status=1
+  step cudnn_ring_np1 120 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn_cuda_mpi_tests" \
+    --gtest_filter='RingCudnn*' || status=1
+  step cudnn_ring_np2 120 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn_cuda_mpi_tests" \
+    --gtest_filter='RingCudnn*' || status=1
+  step cudnn_job_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" --kernel cudnn \
+    --json "$logs/cudnn_job_np1.json" || status=1
+  step cudnn_job_np2 60 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]}" --kernel cudnn \
+    --json "$logs/cudnn_job_np2.json" || status=1
 else
   skipped ring "no MPI on this machine (check-only build): the ring's CUDA path is not run"
 fi
@@ -245,7 +284,27 @@ fi
 # 4. Benchmarks: ours, then torch's on the same shapes, then one table.
 bench_args=(--heads 16 --batch 1 --head-dims 64,128 --lengths "$lengths" --causal both --warmup 2 --iters 5)
 step bench 120 "$bench" --json "$logs/ours.json" "${bench_args[@]}" || status=1
-step torch 120 python3 launch/bench/bench_torch_sdpa.py --json "$logs/torch.json" "${bench_args[@]}" || true
+step torch 150 python3 launch/bench/bench_torch_sdpa.py --json "$logs/torch.json" "${bench_args[@]}" \
+  --backends flash,cudnn || true
+# 4b. The cuDNN table: the job at 1 rank on --kernel cudnn and on --kernel own, every row --check'ed
+# (bf16, 16 heads, D = 64 and 128, the lengths above, full, causal and a causal 4K window), beside
+# torch's flash and cuDNN backends and flash-attn from the step above.
+if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
+  cudnn_runs=$build/cudnn-bench
+  rm -rf "$cudnn_runs" && mkdir -p "$cudnn_runs"
+  step bench_cudnn 240 bash -c '
+    build=$1 runs=$2
+    for d in 64 128; do for l in ${3//,/ }; do for mask in full causal window; do
+      m=(); [ "$mask" = causal ] && m=(--causal); [ "$mask" = window ] && m=(--causal --window 4096,-1)
+      for kernel in cudnn own; do
+        mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" --backend cuda --comm mpi --dtype bf16 \
+          --seq-len "$l" --heads 16 --head-dim "$d" "${m[@]}" --backward --kernel "$kernel" --warmup 2 --iters 5 \
+          --check --json "$runs/${kernel}_D${d}_L${l}_${mask}.json" > /dev/null || echo "failed: $kernel D$d L$l $mask"
+      done
+    done; done; done' _ "$build" "$cudnn_runs" "$lengths" || status=1
+  step cudnn_table 20 python3 launch/bench/cudnn_table.py --runs "$cudnn_runs" --torch "$logs/torch.json" \
+    --out "$logs/cudnn_table.json" || true
+fi
 
 # 5. compute-sanitizer on small shapes of every kernel: the benchmark at L = 192 (three query tiles,
 # causal and not, every tensor-core head dim, and the simple kernels), and, with GoogleTest, the

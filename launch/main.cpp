@@ -24,16 +24,17 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/attention_job.hpp"
+#include "launch/attention/attention_job.hpp"
 #include "launch/bench/bench.hpp"
-#include "launch/context.hpp"
-#include "launch/cpu_binding.hpp"
-#include "launch/job_control.hpp"
-#include "launch/layer_job.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/context.hpp"
+#include "launch/cli/cpu_binding.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/layer/layer_job.hpp"
+#include "launch/cli/options_util.hpp"
 #include "launch/plan/plan_job.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/temp_files.hpp"
+#include "runtime/placement.hpp"
 
 namespace {
 
@@ -46,7 +47,7 @@ int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "plan") return ringattn::run_plan(ctx);
   // Every rank has the same command (agree_to_start): refuse it together, reported once.
   ringattn::agreed_phase(ctx.world, [&] {
-    throw ringattn::UsageError("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
+    throw ringattn::usage_error("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
   });
   return ringattn::kExitUsage;
 }
@@ -99,18 +100,21 @@ void install_signal_handlers(int rank, int ranks) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
-// Before any work, in one agreed phase: every rank runs rank 0's subcommand, and the environment
-// each rank reads (RINGATTN_ISA) is valid there.
-void agree_to_start(ringattn::comm::Communicator& world, const std::string& command) {
+// Before any work, in agreed phases: every rank runs rank 0's subcommand, and the environment
+// each rank reads (RINGATTN_ISA, the tests' seam) is valid there.
+void agree_to_start(ringattn::comm::Communicator& world, const std::string& command, ringattn::TestSeam& seam) {
+  // (Each an agreed phase of its own: a phase that fails on one rank must not skip a collective
+  // the others make.)
+  ringattn::agreed_phase(world, [&] { seam = ringattn::TestSeam::from_environment(world.rank(), world.size()); });
   ringattn::agreed_phase(world, [&] {
     if (auto d = ringattn::differs_from_rank0(world, "subcommand=" + command + "\n"))
-      throw ringattn::UsageError("the ranks were started with different subcommands: '" + d->on_rank0 +
+      throw ringattn::usage_error("the ranks were started with different subcommands: '" + d->on_rank0 +
                                  "' on rank 0 but '" + d->here + "' on rank " + std::to_string(world.rank()));
     // A bad RINGATTN_ISA is bad usage (exit 2), not a fault met later inside a kernel call.
     try {
       ringattn::kernels::cpu_isa();
     } catch (const std::invalid_argument& e) {
-      throw ringattn::UsageError(e.what());
+      throw ringattn::usage_error(e.what());
     }
   });
 }
@@ -130,12 +134,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<ringattn::comm::Communicator> world = ringattn::comm::make_mpi_communicator(MPI_COMM_WORLD);
   install_signal_handlers(world->rank(), world->size());
 
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  LaunchContext ctx{*world, 0, 1, 1, 1, {}};
-  MPI_Comm_rank(node, &ctx.local_rank);
-  MPI_Comm_size(node, &ctx.local_ranks);
-  MPI_Comm_free(&node);
+  ringattn::TestSeam seam;
+  LaunchContext ctx{*world, seam};
   ctx.hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.affinity_cpus = ringattn::cpus_in_affinity(ctx.hardware_threads);
 
@@ -149,7 +149,11 @@ int main(int argc, char** argv) {
 
   int code = ringattn::kExitOk;
   try {
-    agree_to_start(*world, command);
+    const ringattn::NodeMap nodes = ringattn::find_nodes(*world);  // a bounded collective
+    ctx.local_rank = nodes.local_rank(world->rank());
+    ctx.local_ranks = nodes.local_ranks(world->rank());
+    ctx.nodes = nodes.nodes();
+    agree_to_start(*world, command, seam);
     code = dispatch(ctx, command);
   } catch (const ringattn::JobFailed& e) {
     code = e.code();  // agreed by every rank and reported once

@@ -15,6 +15,7 @@ packages=(
   python3-venv                            # build/pyenv: the safetensors package for the layer tests
   python3-dev pybind11-dev python3-pybind11  # the Python module ringattn (build/python)
   python3-torch python3-mpi4py            # its tests and examples (PyTorch, mpi4py communicators)
+  iproute2                                # launch/cluster/netns.sh: the cluster in a box (ip netns, tc)
 )
 
 missing=()
@@ -41,4 +42,27 @@ if ! build/pyenv/bin/python -c "import safetensors.numpy" 2>/dev/null; then
   /usr/bin/python3 -m venv --system-site-packages build/pyenv &&
     build/pyenv/bin/pip install -q safetensors ||
     echo "launch/setup.sh: could not install safetensors into build/pyenv (its tests are skipped)" >&2
+fi
+
+# cudnn-frontend, cuDNN's header-only C++ graph API (the CUDA backend's fused attention), from the
+# include/ folder of its PyPI wheel into build/third_party/cudnn-frontend. Best effort: without
+# it (no network) the cuDNN path is not compiled and --kernel cudnn is refused. Pinned: the
+# version the planner's bounds and CI's validation were checked against.
+cudnn_frontend_version=1.32.0
+fe=build/third_party/cudnn-frontend
+if [ "$(cat "$fe/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]; then
+  wheel_dir=$(mktemp -d)
+  if build/pyenv/bin/pip download -q --no-deps --dest "$wheel_dir" "nvidia-cudnn-frontend==$cudnn_frontend_version" &&
+     rm -rf "$fe" && mkdir -p "$fe" &&
+     build/pyenv/bin/python - "$wheel_dir"/nvidia_cudnn_frontend-*.whl "$fe" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  then
+    echo "$cudnn_frontend_version" > "$fe/VERSION"
+  else
+    echo "launch/setup.sh: could not fetch the cudnn-frontend headers into $fe (the cuDNN path is not built)" >&2
+  fi
+  rm -rf "$wheel_dir"
 fi

@@ -21,11 +21,12 @@ if [ "${RINGATTN_QUICK:-0}" = "1" ]; then
   exit 0
 fi
 
-# Sanitizers: CPU backend only (the CUDA targets add nothing here and take long to build).
+# Sanitizers: CPU backend only (the CUDA targets add nothing here and take long to build); the
+# cluster in a box (label netns) only once, above: it tests the network path, not memory.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$(nproc)" -LE "slow|memory"
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$(nproc)" -LE "slow|memory|netns"
 
 # Fuzzing: libFuzzer with clang, bounded time shared by the .npy and safetensors readers, each
 # seeded with its own corpus under tests/fuzz/corpus.

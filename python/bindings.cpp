@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
+#include <string_view>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -40,22 +42,59 @@ T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-Shard make_shard(const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>& s) {
-  return Shard{std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s),
-               std::get<5>(s) ? ElementType::bfloat16 : ElementType::float32};
+// A shard as the package passes it: (B, L_local, H, Hkv, D, dtype), dtype "float32", "bfloat16"
+// or "float16" (the package has checked the tensors' dtypes).
+using ShardTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, std::string>;
+
+Shard make_shard(const ShardTuple& s) {
+  const std::string& dtype = std::get<5>(s);
+  const ElementType type = dtype == "bfloat16" ? ElementType::bfloat16
+                           : dtype == "float16" ? ElementType::float16
+                                                : ElementType::float32;
+  return Shard{std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), std::get<4>(s), type};
 }
 
-SequenceLayout layout_of(const std::string& name, bool causal) {
+// The layout's name (None, i.e. "", as on the command line: zigzag when causal, else contiguous);
+// the one place a Python caller's layout name is judged.
+SequenceLayout layout_of(const std::string& name) {
+  if (name.empty()) return SequenceLayout::automatic;
   if (name == "contiguous") return SequenceLayout::contiguous;
   if (name == "zigzag") return SequenceLayout::zigzag;
   if (name == "striped") return SequenceLayout::striped;
-  return causal ? SequenceLayout::zigzag : SequenceLayout::contiguous;  // "" as on the command line
+  throw ArgumentError("layout", "{layout} '" + name + "': expected None, 'contiguous', 'zigzag' or 'striped'");
+}
+
+AttentionKernel kernel_of(const std::string& name) {
+  if (name == "auto") return AttentionKernel::automatic;
+  if (name == "cudnn") return AttentionKernel::cudnn;
+  if (name == "own") return AttentionKernel::own;
+  throw ArgumentError("kernel", "{kernel} '" + name + "': expected 'auto', 'cudnn' or 'own'");
+}
+
+KeyValueSchedule schedule_of(const std::string& name) {
+  if (name == "direct") return KeyValueSchedule::direct;
+  if (name == "ring") return KeyValueSchedule::ring;
+  throw ArgumentError("schedule", "{schedule} '" + name + "': expected 'direct' or 'ring'");
+}
+
+// How Python names the library's arguments: the keyword where attention() has one, the tensor
+// shape or option that gives the value otherwise.
+std::string python_name(std::string_view argument) {
+  static const std::map<std::string, std::string, std::less<>> names = {
+      {"batch", "q.shape[0]"},      {"rows", "q.shape[1]"},        {"heads", "q.shape[2]"},
+      {"kv_heads", "k.shape[2]"},   {"head_dim", "q.shape[3]"},    {"dtype", "q.dtype"},
+      {"seq_len", "the sequence length (q.shape[1] summed over the ranks)"},
+      {"backend", "the tensors' device"}, {"comm", "comm"},      {"threads", "threads"},
+      {"timeout_s", "timeout"},     {"spec", "the attention keywords"}, {"options", "the context's options"}};
+  const auto it = names.find(argument);
+  return it != names.end() ? it->second : std::string(argument);
 }
 
 AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, std::vector<int64_t> doc_lens,
                         const py::bytes& block_mask, int64_t mask_block,
                         std::optional<std::tuple<int64_t, int64_t, int64_t>> bigbird, uint64_t seed, double scale,
-                        const std::string& layout, const std::string& schedule, int ulysses) {
+                        const std::string& layout, const std::string& schedule, int ulysses,
+                        const std::string& kernel, bool deterministic) {
   AttentionSpec spec;
   spec.mask.causal = causal;
   spec.mask.window_left = window_left;
@@ -71,9 +110,11 @@ AttentionSpec make_spec(bool causal, int64_t window_left, int64_t window_right, 
     spec.mask.bigbird_seed = seed;
   }
   spec.softmax_scale = scale;
-  spec.layout = layout_of(layout, causal);
-  spec.schedule = schedule == "ring" ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+  spec.layout = layout_of(layout);
+  spec.schedule = schedule_of(schedule);
   spec.ulysses = ulysses;
+  spec.kernel = kernel_of(kernel);
+  spec.deterministic = deterministic;
   return spec;
 }
 
@@ -100,11 +141,16 @@ PYBIND11_MODULE(_ringattn, m) {
   m.doc() = "ringattn's compiled half: the C++ API with tensors as pointers (use the ringattn package)";
   static py::exception<ArgumentError> unused(m, "_ArgumentError");  // never raised: see the translator
   (void)unused;
+  // The library's errors in Python's words: a bad argument is a TypeError or ValueError naming the
+  // keyword (or the tensor shape) that gave it; a fault is a RuntimeError.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ArgumentError& e) {
-      PyErr_SetString(e.kind() == ArgumentError::Kind::type ? PyExc_TypeError : PyExc_ValueError, e.what());
+      PyErr_SetString(e.kind() == ArgumentError::Kind::type ? PyExc_TypeError : PyExc_ValueError,
+                      e.render(python_name).c_str());
+    } catch (const Fault& e) {
+      PyErr_SetString(PyExc_RuntimeError, ArgumentError::render_template(e.what(), python_name).c_str());
     }
   });
 
@@ -135,7 +181,24 @@ PYBIND11_MODULE(_ringattn, m) {
   });
 
   py::class_<AttentionSpec>(m, "Spec");
-  m.def("make_spec", &make_spec);
+  // (spec, None), or (None, (argument, message template, type error)) for the caller to make every
+  // rank raise (Context.fail): a name the library does not know is this rank's alone to find.
+  m.def("make_spec", [](py::args args) -> py::tuple {
+    try {
+      return py::make_tuple(py::cast(make_spec(args[0].cast<bool>(), args[1].cast<int64_t>(), args[2].cast<int64_t>(),
+                                               args[3].cast<std::vector<int64_t>>(), args[4].cast<py::bytes>(),
+                                               args[5].cast<int64_t>(),
+                                               args[6].cast<std::optional<std::tuple<int64_t, int64_t, int64_t>>>(),
+                                               args[7].cast<uint64_t>(), args[8].cast<double>(),
+                                               args[9].cast<std::string>(), args[10].cast<std::string>(),
+                                               args[11].cast<int>(), args[12].cast<std::string>(),
+                                               args[13].cast<bool>())),
+                            py::none());
+    } catch (const ArgumentError& e) {
+      return py::make_tuple(py::none(), py::make_tuple(e.argument(), e.message_template(),
+                                                        e.kind() == ArgumentError::Kind::type));
+    }
+  });
 
   py::class_<Context>(m, "Context")
       .def(py::init([](uintptr_t handle, const std::string& backend, const std::string& comm, int threads,
@@ -155,41 +218,47 @@ PYBIND11_MODULE(_ringattn, m) {
            [](const Context& c, int64_t L, bool causal, const std::string& layout, int rank, int ulysses) {
              AttentionSpec spec;
              spec.mask.causal = causal;
-             spec.layout = layout_of(layout, causal);
+             spec.layout = layout_of(layout);
              spec.ulysses = ulysses;
              return c.positions(L, spec, rank);
            })
+      // A problem found on this rank only (a type, a name): every rank raises it (the agreement).
       .def("fail",
-           [](Context& c, const std::string& argument, const std::string& message, bool type_error) {
-             const ArgumentError e(argument, message, type_error ? ArgumentError::Kind::type : ArgumentError::Kind::value);
-             c.check(Shard{}, AttentionSpec{}, &e);
+           [](Context& c, const std::string& argument, const std::string& message_template, bool type_error) {
+             c.check(Shard{}, AttentionSpec{},
+                     ArgumentError(argument, message_template,
+                                   type_error ? ArgumentError::Kind::type : ArgumentError::Kind::value));
            })
       .def(
           "forward",
-          [](Context& c, const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>& shard,
-             const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-             std::optional<uintptr_t> stream) {
+          [](Context& c, const ShardTuple& shard, const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v,
+             uintptr_t o, uintptr_t lse, std::optional<uintptr_t> stream) {
             RingStats s;
+            ForwardHandle saved;
             {
               py::gil_scoped_release release;
               use_stream(c, stream);
               s = c.forward(make_shard(shard), spec, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v),
-                            ptr<float>(o), ptr<float>(lse));
+                            ptr<float>(o), ptr<float>(lse), &saved);
             }
-            return stats_dict(s);
+            py::dict d = stats_dict(s);
+            d["saved"] = py::make_tuple(saved.plan, saved.pass);  // for the backward of these tensors
+            return d;
           })
       .def(
           "backward",
-          [](Context& c, const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>& shard,
-             const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-             uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv, std::optional<uintptr_t> stream) {
+          [](Context& c, const ShardTuple& shard, const AttentionSpec& spec, uintptr_t q, uintptr_t k, uintptr_t v,
+             uintptr_t o, uintptr_t lse, uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv,
+             std::optional<uintptr_t> stream, std::optional<std::tuple<uint64_t, uint64_t>> saved) {
             RingStats s;
             {
               py::gil_scoped_release release;
               use_stream(c, stream);
+              const ForwardHandle handle = saved ? ForwardHandle{std::get<0>(*saved), std::get<1>(*saved)}
+                                                 : ForwardHandle{};
               s = c.backward(make_shard(shard), spec, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v),
                              ptr<const float>(o), ptr<const float>(lse), ptr<const void>(dout), ptr<float>(dq),
-                             ptr<float>(dk), ptr<float>(dv));
+                             ptr<float>(dk), ptr<float>(dv), saved ? &handle : nullptr);
             }
             return stats_dict(s);
           })

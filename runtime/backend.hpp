@@ -6,13 +6,42 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "ringattn/errors.hpp"
 #include "kernels/attention.hpp"
 #include "runtime/ring_plan.hpp"
 
 namespace ringattn {
+
+// Which kernels run the attention steps (RingOptions::kernel; SPEC.md --kernel): cuDNN's fused
+// attention for the steps it can express and ours for the rest (automatic; cudnn: the same, but
+// an error where cuDNN cannot run at all), or ours throughout.
+enum class KernelChoice { automatic, cudnn, own };
+const char* kernel_choice_name(KernelChoice k);  // "auto", "cudnn", "own"
+// Which kernels ran one step.
+enum class StepKernel { own, cudnn };
+
+// Every step a RingAttention will compute, for prepare(): the queries' and keys' positions (host
+// arrays, read during the call only).
+struct StepPositions {
+  const int64_t* q_pos = nullptr;
+  int64_t q_rows = 0;
+  const int64_t* k_pos = nullptr;
+  int64_t k_rows = 0;
+};
+struct PrepareRequest {
+  kernels::AttentionDims dims;
+  DType dtype = DType::f32;
+  MaskView mask;
+  int64_t max_rows = 0;  // the most query or key rows of any call
+  KernelChoice kernel = KernelChoice::automatic;
+  bool deterministic = false;  // the backward must be bitwise reproducible
+  std::vector<StepPositions> steps;
+};
 
 class AttentionBackend {
  public:
@@ -68,25 +97,41 @@ class AttentionBackend {
                        size_t height) = 0;
 
   // The kernels, with the semantics of kernels/cpu/attention_cpu.hpp; pointers are backend memory,
-  // positions are host arrays. `progress` is called between tiles (may be empty).
-  virtual void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
-                       const kernels::KeyValueRows& kv, const MaskView& mask, const kernels::AttentionState& state,
-                       const std::function<void()>& progress) = 0;
+  // positions are host arrays. `progress` is called between tiles (may be empty). kv.step is the
+  // id prepare() gave this step (-1: none); the result says which kernels ran it.
+  virtual StepKernel forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
+                             const kernels::KeyValueRows& kv, const MaskView& mask,
+                             const kernels::AttentionState& state, const std::function<void()>& progress) = 0;
+  // Called once per backward pass, before its backward() calls, with the pass's O and dO (a
+  // backend whose backward reads O takes what it needs of it here).
   virtual void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout,
                      DType dtype, float* delta) = 0;
-  virtual void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
-                        const kernels::KeyValueRows& kv, const void* dout, const float* lse, const float* delta,
-                        float* dq, float* dk, float* dv, const MaskView& mask,
-                        const std::function<void()>& progress) = 0;
-  // Called once when a RingAttention is built: allocates now whatever later kernel calls of these
-  // dims on this mask with up to `max_rows` query or key rows would allocate (device copies of the
-  // mask and of positions, the backward kernel's workspace), so that no call during a pass
-  // allocates memory. A no-op on the CPU.
-  virtual void prepare(const kernels::AttentionDims& dims, const MaskView& mask, int64_t max_rows) {
-    (void)dims;
-    (void)mask;
-    (void)max_rows;
+  virtual StepKernel backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q,
+                              const kernels::KeyValueRows& kv, const void* dout, const float* lse, const float* delta,
+                              float* dq, float* dk, float* dv, const MaskView& mask,
+                              const std::function<void()>& progress) = 0;
+  // Called once when a RingAttention is built: allocates now whatever later kernel calls of its
+  // steps would allocate (device copies of the mask and of positions, the backward kernel's
+  // workspace; on the cuDNN path every step's calls, their graphs, buffers and workspace), so that
+  // no call during a pass allocates memory or builds anything. Returns one id per step, for
+  // KeyValueRows::step (-1 each on the CPU); forget_steps(ids) when the ring is gone.
+  virtual std::vector<int> prepare(const PrepareRequest& request) {
+    return std::vector<int>(request.steps.size(), -1);
   }
+  virtual void forget_steps(const std::vector<int>& ids) { (void)ids; }
+  // Why `kernel` cannot run attention of these dims and input type on this backend (an
+  // ArgumentError naming `kernel`), or nothing when it can. The same answer on every rank that has
+  // the same backend and libraries.
+  virtual std::optional<ArgumentError> kernel_problem(KernelChoice kernel, const kernels::AttentionDims& dims,
+                                                      DType dtype) const {
+    (void)dims, (void)dtype;
+    if (kernel != KernelChoice::cudnn) return std::nullopt;
+    return ArgumentError("kernel", std::string("{kernel} cudnn needs the CUDA backend (this is ") + name() + ")");
+  }
+  // The cuDNN the backend loaded: its version (9.19.0: 91900; 0: none) and a line for the summary
+  // ("cuDNN 9.19.0 (libcudnn.so.9)", or why none is used).
+  virtual int cudnn_version() const { return 0; }
+  virtual std::string cudnn_status() const { return std::string("not used by the ") + name() + " backend"; }
   // The stream the backend queues its work on (a cudaStream_t), for a communicator that orders
   // its transfers with it on the device; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
@@ -101,8 +146,9 @@ class AttentionBackend {
   // work queued here so far (a call's results). No-ops on the CPU.
   virtual void after_stream(void* stream) { (void)stream; }
   virtual void before_stream(void* stream) { (void)stream; }
-  // How the kernels this backend runs round, for these shapes and this input type: the
-  // same-precision model the --check compares against (kernels/error_rule.hpp).
+  // How the kernels this backend ran round, for these shapes and this input type: the
+  // same-precision model the --check compares against (kernels/error_rule.hpp). Where passes ran
+  // steps on cuDNN, its rounding is included.
   virtual kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;

@@ -15,7 +15,6 @@ namespace ringattn {
 
 namespace {
 
-using comm::DataType;
 using comm::ReduceOp;
 using kernels::add_deltas;
 using kernels::keys_seen;
@@ -48,7 +47,7 @@ std::vector<float> share_rows(comm::Communicator& comm, const ShardLayout& layou
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(local + (b * rows + at.row) * width, width, &out[static_cast<size_t>((b * S + s) * width)]);
   }
-  comm.allreduce(out.data(), out.size(), DataType::f32, ReduceOp::sum);
+  comm.allreduce(out.data(), out.size(), DType::f32, ReduceOp::sum);
   return out;
 }
 
@@ -57,7 +56,7 @@ std::vector<float> share_rows(comm::Communicator& comm, const ShardLayout& layou
 template <class T>
 void merge_partial_states(comm::Communicator& comm, int64_t B, int64_t S, int64_t H, int64_t D, std::vector<T>& o,
                           std::vector<T>& lse) {
-  const DataType type = sizeof(T) == 8 ? DataType::f64 : DataType::f32;
+  const DType type = sizeof(T) == 8 ? DType::f64 : DType::f32;
   std::vector<T> m = lse;
   comm.allreduce(m.data(), m.size(), type, ReduceOp::max);
   std::vector<T> weight(lse.size());
@@ -101,7 +100,7 @@ RowStates forward_states(comm::Communicator& comm, const Shard& sh, const std::v
   r.o32.resize(r.o.size()), r.lse32.resize(r.lse.size());
   kernels::reference_forward(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(), sh.rows,
                              sh.mask, r.o.data(), r.lse.data(), &r.max_score);
-  comm.allreduce(&r.max_score, 1, DataType::f64, ReduceOp::max);
+  comm.allreduce(&r.max_score, 1, DType::f64, ReduceOp::max);
   kernels::naive_forward_fp32(sh.dims, qs.data(), pos.data(), S, sh.local.k, sh.local.v, sh.positions.data(),
                               sh.rows, sh.mask, r.o32.data(), r.lse32.data(), sh.precision);
   merge_partial_states(comm, B, S, H, D, r.o, r.lse);
@@ -125,7 +124,7 @@ TensorError owned_error(comm::Communicator& comm, const ShardLayout& layout, con
       }
   }
   double v[3] = {e.error, e.baseline, e.scale};
-  comm.allreduce(v, 3, DataType::f64, ReduceOp::max);
+  comm.allreduce(v, 3, DType::f64, ReduceOp::max);
   e.error = v[0], e.baseline = v[1], e.scale = v[2];
   return e;
 }
@@ -179,7 +178,7 @@ KeyGrads recomputed_key_grads(comm::Communicator& comm, const Shard& sh, const s
     const std::vector<float> qc = share_rows(comm, sh.layout, sh.local.q, B, sh.rows, H * D, chunk);
     const std::vector<float> dc = share_rows(comm, sh.layout, sh.local.dout, B, sh.rows, H * D, chunk);
     RowStates st = forward_states(comm, sh, qc, chunk);
-    add_deltas(sh.dims, C, dc, st);
+    add_deltas(sh.dims, C, dc, st, sh.precision);
     // This rank's share of the chunk's rows, packed.
     std::vector<int64_t> mine;
     for (int64_t c = comm.rank(); c < C; c += comm.size()) mine.push_back(c);
@@ -234,7 +233,8 @@ KeyGrads run_lse_key_grads(const Shard& sh, const std::vector<int64_t>& keys, co
         for (int64_t d = 0; d < D; ++d) {
           const size_t e = static_cast<size_t>(((b * rows + i) * H + h) * D + d);
           acc += double(sh.local.o[e]) * double(sh.local.dout[e]);
-          acc32 += sh.local.o[e] * sh.local.dout[e];
+          const float o = sh.precision.backward_step_outputs ? bf16_to_float(float_to_bf16(sh.local.o[e])) : sh.local.o[e];
+          acc32 += o * sh.local.dout[e];
         }
         delta[li] = acc, delta32[li] = acc32;
       }
@@ -302,14 +302,14 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   // Score rounding: O averages V rows (terms up to max |V|); LSE carries it once.
   double max_v = 0.0;
   for (int64_t e = 0; e < B * rows * Hkv * D; ++e) max_v = std::max(max_v, double(std::abs(local.v[e])));
-  comm.allreduce(&max_v, 1, DataType::f64, ReduceOp::max);
+  comm.allreduce(&max_v, 1, DType::f64, ReduceOp::max);
   const double score_rounding = kernels::kScoreRounding * st.max_score;
   rep.o.rounding = score_rounding * max_v, rep.lse.rounding = score_rounding;
   if (!backward) return rep;
 
   // dQ of the sampled queries: gradients through this rank's keys, summed over ranks.
   const std::vector<float> dos = share_rows(comm, layout, local.dout, B, rows, H * D, pos);
-  add_deltas(dims, S, dos, st);
+  add_deltas(dims, S, dos, st, precision);
   std::vector<double> dq(static_cast<size_t>(B * S * H * D), 0.0), dq_terms(dq.size(), 0.0);
   std::vector<float> dq32(dq.size(), 0.0f);
   const kernels::GradientMagnitudes terms{dq_terms.data(), nullptr, nullptr};
@@ -318,9 +318,9 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
   kernels::naive_backward_fp32(dims, qs.data(), pos.data(), S, local.k, local.v, sh.positions.data(), rows,
                                dos.data(), st.lse32.data(), st.delta32.data(), mv, dq32.data(), nullptr, nullptr,
                                precision);
-  comm.allreduce(dq.data(), dq.size(), DataType::f64, ReduceOp::sum);
-  comm.allreduce(dq32.data(), dq32.size(), DataType::f32, ReduceOp::sum);
-  comm.allreduce(dq_terms.data(), dq_terms.size(), DataType::f64, ReduceOp::sum);
+  comm.allreduce(dq.data(), dq.size(), DType::f64, ReduceOp::sum);
+  comm.allreduce(dq32.data(), dq32.size(), DType::f32, ReduceOp::sum);
+  comm.allreduce(dq_terms.data(), dq_terms.size(), DType::f64, ReduceOp::sum);
   rep.dq = owned_error(comm, layout, local.dq, dq.data(), dq32.data(), B, rows, H * D, pos);
   rep.dq.rounding = score_rounding * max_of(dq_terms);
 
@@ -336,8 +336,8 @@ CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layo
     const std::vector<float> ks = share_rows(comm, layout, local.k, B, rows, Hkv * D, keys);
     const std::vector<float> vs = share_rows(comm, layout, local.v, B, rows, Hkv * D, keys);
     KeyGrads g = recompute ? recomputed_key_grads(comm, sh, keys, ks, vs) : run_lse_key_grads(sh, keys, ks, vs);
-    for (std::vector<double>* x : {&g.dk, &g.dv, &g.dk_terms, &g.dv_terms}) comm.allreduce(x->data(), x->size(), DataType::f64, ReduceOp::sum);
-    for (std::vector<float>* x : {&g.dk32, &g.dv32}) comm.allreduce(x->data(), x->size(), DataType::f32, ReduceOp::sum);
+    for (std::vector<double>* x : {&g.dk, &g.dv, &g.dk_terms, &g.dv_terms}) comm.allreduce(x->data(), x->size(), DType::f64, ReduceOp::sum);
+    for (std::vector<float>* x : {&g.dk32, &g.dv32}) comm.allreduce(x->data(), x->size(), DType::f32, ReduceOp::sum);
     TensorError dk = owned_error(comm, layout, local.dk, g.dk.data(), g.dk32.data(), B, rows, Hkv * D, keys);
     TensorError dv = owned_error(comm, layout, local.dv, g.dv.data(), g.dv32.data(), B, rows, Hkv * D, keys);
     dk.rounding = score_rounding * max_of(g.dk_terms), dv.rounding = score_rounding * max_of(g.dv_terms);

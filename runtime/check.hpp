@@ -52,6 +52,6 @@ struct CheckReport {
 CheckReport check_sampled_rows(comm::Communicator& comm, const ShardLayout& layout, const Mask& mask,
                                const kernels::AttentionDims& dims, const CheckTensors& local, bool backward,
                                int samples, uint64_t seed,
-                               kernels::SamePrecision precision = kernels::SamePrecision::fp32);
+                               kernels::SamePrecision precision = kernels::SamePrecision::fp32());
 
 }  // namespace ringattn

@@ -42,19 +42,21 @@ class CpuBackend final : public AttentionBackend {
       std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
   }
 
-  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-               const MaskView& mask, const kernels::AttentionState& state,
-               const std::function<void()>& progress) override {
+  StepKernel forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                     const MaskView& mask, const kernels::AttentionState& state,
+                     const std::function<void()>& progress) override {
     kernels::attention_forward(dims, q, kv, mask, state, options(progress));
+    return StepKernel::own;
   }
   void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
              float* delta) override {
     kernels::attention_delta(dims, rows, o, dout, dtype, delta);
   }
-  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
-                const MaskView& mask, const std::function<void()>& progress) override {
+  StepKernel backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                      const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                      const MaskView& mask, const std::function<void()>& progress) override {
     kernels::attention_backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, options(progress));
+    return StepKernel::own;
   }
   kernels::SamePrecision same_precision(const kernels::AttentionDims&, DType dtype) const override {
     return kernels::cpu_same_precision(dtype);

@@ -12,13 +12,14 @@
 
 #include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/cuda/elementwise.hpp"
+#include "runtime/cudnn_steps.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
 namespace {
 
 [[noreturn]] void fail(cudaError_t e, const std::string& what) {
-  throw RuntimeFault("CUDA backend: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  throw Fault("CUDA backend: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
 void check(cudaError_t e, const char* what) {
@@ -77,6 +78,7 @@ class CudaBackend final : public AttentionBackend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudnn_.reset();  // its handle and buffers before the stream they are used on
     cudaEventDestroy(order_event_);
     cudaStreamDestroy(stream_);
   }
@@ -121,33 +123,44 @@ class CudaBackend final : public AttentionBackend {
           "copy_2d");
   }
 
-  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-               const MaskView& mask, const kernels::AttentionState& state,
-               const std::function<void()>& progress) override {
-    if (q.rows == 0 || kv.rows == 0) return;
+  StepKernel forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                     const MaskView& mask, const kernels::AttentionState& state,
+                     const std::function<void()>& progress) override {
+    if (q.rows == 0 || kv.rows == 0) return StepKernel::own;
+    if (cudnn_ && cudnn_->forward(dims, q, kv, state)) {
+      wait(progress);
+      return StepKernel::cudnn;
+    }
     const MaskView m = device_mask(mask);
-    const kernels::CudaQueryRows dq{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
-    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+    const kernels::CudaQueryRows dq{q.data, q.dtype, q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kv.dtype, kv.rows,
                                         positions(k_pos_, kv.pos, kv.rows)};
     kernels::cuda_attention_forward(dims, dq, dkv, m, state, options());
     wait(progress);
+    return StepKernel::own;
   }
 
   void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
              float* delta) override {
-    kernels::cuda_attention_delta(dims, rows, o, dout, kernels::element_type(dtype), delta, stream_);
+    kernels::cuda_attention_delta(dims, rows, o, dout, dtype, delta, stream_);
+    if (cudnn_) cudnn_->begin_backward(dims, rows, o, dtype);
   }
 
-  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
-                const MaskView& mask, const std::function<void()>& progress) override {
-    if (q.rows == 0 || kv.rows == 0) return;
+  StepKernel backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                      const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                      const MaskView& mask, const std::function<void()>& progress) override {
+    if (q.rows == 0 || kv.rows == 0) return StepKernel::own;
+    if (cudnn_ && cudnn_->backward(dims, q, kv, dout, lse, dq, dk, dv)) {
+      wait(progress);
+      return StepKernel::cudnn;
+    }
     const MaskView m = device_mask(mask);
-    const kernels::CudaQueryRows dqr{q.data, kernels::element_type(q.dtype), q.rows, positions(q_pos_, q.pos, q.rows)};
-    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kernels::element_type(kv.dtype), kv.rows,
+    const kernels::CudaQueryRows dqr{q.data, q.dtype, q.rows, positions(q_pos_, q.pos, q.rows)};
+    const kernels::CudaKeyValueRows dkv{kv.k, kv.v, kv.dtype, kv.rows,
                                         positions(k_pos_, kv.pos, kv.rows)};
     kernels::cuda_attention_backward(dims, dqr, dkv, dout, lse, delta, dq, dk, dv, m, options());
     wait(progress);
+    return StepKernel::own;
   }
 
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize"); }
@@ -164,13 +177,27 @@ class CudaBackend final : public AttentionBackend {
     check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), order_event_, 0), "ordering the caller's stream after ours");
   }
 
-  void prepare(const kernels::AttentionDims& dims, const MaskView& mask, int64_t max_rows) override {
-    const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(max_rows, 1));
+  std::vector<int> prepare(const PrepareRequest& r) override {
+    const size_t bytes = sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(r.max_rows, 1));
     q_pos_.reserve(bytes);
     k_pos_.reserve(bytes);
-    device_mask(mask);  // uploads the doc offsets and block mask now; later calls find them equal
-    workspace_.reserve(kernels::cuda_attention_backward_workspace_bytes(dims, max_rows));
+    device_mask(r.mask);  // uploads the doc offsets and block mask now; later calls find them equal
+    workspace_.reserve(kernels::cuda_attention_backward_workspace_bytes(r.dims, r.max_rows));
+    if (r.kernel == KernelChoice::own) return std::vector<int>(r.steps.size(), -1);
+    return cudnn().prepare(r);
   }
+  void forget_steps(const std::vector<int>& ids) override {
+    if (cudnn_) cudnn_->forget(ids);
+  }
+  std::optional<ArgumentError> kernel_problem(KernelChoice kernel, const kernels::AttentionDims& dims,
+                                              DType dtype) const override {
+    if (kernel != KernelChoice::cudnn) return std::nullopt;
+    const std::string why = cudnn().unsupported(dims, dtype);
+    if (why.empty()) return std::nullopt;
+    return ArgumentError("kernel", "{kernel} cudnn: " + why);
+  }
+  int cudnn_version() const override { return cudnn().version(); }
+  std::string cudnn_status() const override { return cudnn().status(); }
 
  private:
   kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const override {
@@ -178,8 +205,19 @@ class CudaBackend final : public AttentionBackend {
     // Backend buffers are 256-byte aligned, so alignment never decides here: any aligned address will do.
     alignas(16) static const char aligned[16] = {};
     const std::string kernel =
-        kernels::cuda_kernel_name(dims, kernels::element_type(dtype), aligned, aligned, aligned, options());
-    return kernel == "tensor_core" ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
+        kernels::cuda_kernel_name(dims, dtype, aligned, aligned, aligned, options());
+    kernels::SamePrecision p = kernel != "tensor_core" ? kernels::SamePrecision::fp32()
+                               : dtype == DType::f16   ? kernels::SamePrecision::fp16_products()
+                                                       : kernels::SamePrecision::bf16_products();
+    // cuDNN's steps (runtime/cudnn_steps.hpp): tensor-core products, each step's outputs in bf16.
+    if (cudnn_ && cudnn_->ran_forward()) p.forward_products = DType::bf16, p.forward_step_outputs = true;
+    if (cudnn_ && cudnn_->ran_backward()) p.backward_products = DType::bf16, p.backward_step_outputs = true;
+    return p;
+  }
+  // The cuDNN path, made on first use (it loads libcudnn).
+  CudnnSteps& cudnn() const {
+    if (!cudnn_) cudnn_ = std::make_unique<CudnnSteps>(stream_);
+    return *cudnn_;
   }
   kernels::CudaOptions options() const {
     kernels::CudaOptions o;
@@ -224,6 +262,7 @@ class CudaBackend final : public AttentionBackend {
   cudaEvent_t order_event_ = nullptr;  // after_stream, before_stream
   DeviceMirror q_pos_, k_pos_, docs_, blocks_;
   DeviceMirror workspace_;  // room only (reserve): the backward kernel's bookkeeping
+  mutable std::unique_ptr<CudnnSteps> cudnn_;  // the cuDNN path (--kernel auto|cudnn)
 };
 
 }  // namespace
@@ -242,7 +281,7 @@ bool cuda_device_available() { return cuda_device_count() > 0; }
 std::unique_ptr<AttentionBackend> make_cuda_backend(int device) {
   const int n = cuda_device_count();
   if (device < 0 || device >= n)
-    throw RuntimeFault("--backend cuda: device " + std::to_string(device) + " requested, " + std::to_string(n) +
+    throw Fault("CUDA device " + std::to_string(device) + " requested, " + std::to_string(n) +
                        " CUDA device(s) visible");
   return std::make_unique<CudaBackend>(device);
 }

@@ -1,7 +1,7 @@
 // The CUDA backend: device memory (cudaMalloc) and the CUDA attention kernels
 // (kernels/cuda/attention_cuda.hpp) behind the AttentionBackend interface. Declared in every build;
 // without CUDA (RINGATTN_WITH_CUDA undefined) cuda_device_available() is false and
-// make_cuda_backend throws RuntimeFault.
+// make_cuda_backend throws Fault.
 //
 // Ordering. Work is queued on one non-blocking stream of the chosen device. forward(),
 // backward(), scatter_add_rows() and add() return once their work is complete (calling
@@ -12,7 +12,8 @@
 // Positions and the mask arrive as host arrays; the backend copies them to the device per call
 // (positions) or once per distinct mask (doc offsets and block mask, compared by content), into
 // device buffers that prepare() allocates when a RingAttention is built, with the workspace of the
-// tensor-core backward kernel: no pass allocates.
+// tensor-core backward kernel: no pass allocates. With --kernel auto or cudnn, prepare() also plans
+// every step of the ring onto cuDNN's fused attention where it can (runtime/cudnn_steps.hpp).
 #pragma once
 
 #include <memory>
@@ -26,7 +27,7 @@ bool cuda_device_available();
 // Devices the CUDA runtime sees (0 without a driver or a GPU).
 int cuda_device_count();
 
-// The backend on device `device` (throws RuntimeFault when it cannot be used).
+// The backend on device `device` (throws Fault when it cannot be used).
 std::unique_ptr<AttentionBackend> make_cuda_backend(int device);
 
 }  // namespace ringattn

@@ -8,7 +8,7 @@ int cuda_device_count() { return 0; }
 bool cuda_device_available() { return false; }
 
 std::unique_ptr<AttentionBackend> make_cuda_backend(int) {
-  throw RuntimeFault("--backend cuda: this build has no CUDA support (configure it where nvcc and NCCL are installed)");
+  throw Fault("this build has no CUDA backend (configure it where nvcc and NCCL are installed)");
 }
 
 }  // namespace ringattn

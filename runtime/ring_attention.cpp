@@ -5,7 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "runtime/errors.hpp"
+#include "util/stopwatch.hpp"
 
 namespace ringattn {
 
@@ -25,6 +26,11 @@ int position_of(const comm::Communicator& comm, const std::vector<int>& ranks, i
   const auto it = std::find(ranks.begin(), ranks.end(), comm.rank());
   if (it == ranks.end()) throw std::invalid_argument("RingAttention: this rank is not one of the ring's ranks");
   return static_cast<int>(it - ranks.begin());
+}
+
+void count_step(PassStats& stats, StepKernel ran) {
+  ++stats.compute_steps;
+  ++(ran == StepKernel::cudnn ? stats.cudnn_steps : stats.own_steps);
 }
 
 }  // namespace
@@ -51,9 +57,44 @@ RingAttention::RingAttention(comm::Communicator& comm, AttentionBackend& backend
       if (!ring) kv_out_[i] = DeviceBuffer(backend_, kv_message_bytes(max_rows_));
     }
   if (ring && P > 1) own_shard_ = DeviceBuffer(backend_, kv_message_bytes(rows()));
-  // Device copies of the mask, room for the positions of every step and the kernels' workspace, so
-  // that no kernel call of a pass allocates.
-  backend_.prepare(options_.dims, mask_view_, std::max(max_rows_, rows()));
+  prepare_backend();
+}
+
+RingAttention::~RingAttention() { backend_.forget_steps(step_ids_); }
+
+// Device copies of the mask, room for the positions of every step and the kernels' workspace (on
+// the cuDNN path: every step's calls and graphs), so that no kernel call of a pass allocates.
+void RingAttention::prepare_backend() {
+  PrepareRequest request;
+  request.dims = options_.dims;
+  request.dtype = options_.dtype;
+  request.mask = mask_view_;
+  request.max_rows = std::max(max_rows_, rows());
+  request.kernel = options_.kernel;
+  request.deterministic = options_.deterministic;
+  std::vector<std::vector<int64_t>> keys(plan_.steps().size());
+  std::vector<size_t> steps;  // the step of each request entry
+  for (const RingStep& st : plan_.steps()) {
+    if (st.source < 0) continue;
+    std::vector<int64_t>& k = keys[size_t(st.step)];
+    k = st.step == 0 ? positions_ : source_positions(st.source, st.source_rows);
+    request.steps.push_back({positions_.data(), rows(), k.data(), int64_t(k.size())});
+    steps.push_back(size_t(st.step));
+  }
+  const std::vector<int> ids = backend_.prepare(request);
+  step_ids_.assign(plan_.steps().size(), -1);
+  for (size_t t = 0; t < steps.size() && t < ids.size(); ++t) step_ids_[steps[t]] = ids[t];
+}
+
+KernelChoice parse_kernel_choice(const std::string& name) {
+  if (name == "auto") return KernelChoice::automatic;
+  if (name == "cudnn") return KernelChoice::cudnn;
+  if (name == "own") return KernelChoice::own;
+  throw ArgumentError("kernel", "{kernel} '" + name + "': expected auto, cudnn or own");
+}
+
+const char* kernel_choice_name(KernelChoice k) {
+  return k == KernelChoice::cudnn ? "cudnn" : k == KernelChoice::own ? "own" : "auto";
 }
 
 size_t RingAttention::kv_row_bytes() const {
@@ -111,9 +152,9 @@ comm::StepHandle RingAttention::post(comm::StepTransfer* transfers, size_t count
 
 void RingAttention::wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats) {
   if (!h.valid()) return;
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   comm_.wait_step(h, what);
-  stats.wait_seconds += comm::now_seconds() - t0;
+  stats.wait_seconds += now_seconds() - t0;
 }
 
 // The K/V step `step`: receive into kv_in_[step % 2]; send own rows (direct), own shard (ring,
@@ -148,7 +189,7 @@ comm::StepHandle RingAttention::post_key_values(int step, const void* k, const v
 
 PassStats RingAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   PassStats stats;
-  const double t_start = comm::now_seconds();
+  const double t_start = now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -162,17 +203,17 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
 
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
   const kernels::AttentionState state{o, lse};
-  auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos) {
-    const double t0 = comm::now_seconds();
-    backend_.forward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, mask_view_, state,
-                     progress);
-    stats.compute_seconds += comm::now_seconds() - t0;
-    ++stats.compute_steps;
+  auto compute = [&](int step, const void* kk, const void* vv, int64_t n, const int64_t* pos) {
+    const double t0 = now_seconds();
+    const StepKernel ran = backend_.forward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos, step_id(step)},
+                                            mask_view_, state, progress);
+    stats.compute_seconds += now_seconds() - t0;
+    count_step(stats, ran);
   };
 
   comm::StepHandle kv[2];
   if (P > 1) kv[1] = post_key_values(1, k, v);
-  compute(k, v, rows, positions_.data());
+  compute(0, k, v, rows, positions_.data());
   if (on_step) on_step(1, P);
   for (int step = 1; step < P; ++step) {
     const RingStep& st = plan_.steps()[static_cast<size_t>(step)];
@@ -187,13 +228,13 @@ PassStats RingAttention::forward(const void* q, const void* k, const void* v, fl
       const std::vector<int64_t> pos = source_positions(st.source, st.source_rows);
       const int64_t n = static_cast<int64_t>(pos.size());
       const char* buf = kv_in_[i].as<char>();
-      compute(buf, buf + B * n * kv_row_bytes(), n, pos.data());
+      compute(step, buf, buf + B * n * kv_row_bytes(), n, pos.data());
     }
     if (on_step) on_step(step + 1, P);
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = comm::now_seconds() - t_start;
+  stats.seconds = now_seconds() - t_start;
   return stats;
 }
 
@@ -201,7 +242,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
                                   const void* dout, float* dq, float* dk, float* dv) {
   allocate_backward_buffers();  // first pass only, before any transfer is posted
   PassStats stats;
-  const double t_start = comm::now_seconds();
+  const double t_start = now_seconds();
   const uint64_t sent_before = comm_.bytes_sent();
   const auto& dims = options_.dims;
   const int P = layout_.ranks();
@@ -220,12 +261,12 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   backend_.delta(dims, rows, o, dout, options_.dtype, delta);
 
   const kernels::QueryRows queries{q, options_.dtype, rows, positions_.data()};
-  auto compute = [&](const void* kk, const void* vv, int64_t n, const int64_t* pos, float* gk, float* gv) {
-    const double t0 = comm::now_seconds();
-    backend_.backward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos}, dout, lse, delta, dq,
-                      gk, gv, mask_view_, progress);
-    stats.compute_seconds += comm::now_seconds() - t0;
-    ++stats.compute_steps;
+  auto compute = [&](int step, const void* kk, const void* vv, int64_t n, const int64_t* pos, float* gk, float* gv) {
+    const double t0 = now_seconds();
+    const StepKernel ran = backend_.backward(dims, queries, kernels::KeyValueRows{kk, vv, options_.dtype, n, pos, step_id(step)},
+                                             dout, lse, delta, dq, gk, gv, mask_view_, progress);
+    stats.compute_seconds += now_seconds() - t0;
+    count_step(stats, ran);
   };
   // The gradient step of ring step `step`, posted right after its compute. Direct: the partial
   // dK/dV of the source's rows goes back to the source, and the partial of this rank's rows
@@ -266,7 +307,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   };
 
   if (P > 1) kv[1] = post_key_values(1, k, v);
-  compute(k, v, rows, positions_.data(), dk, dv);
+  compute(0, k, v, rows, positions_.data(), dk, dv);
   if (on_step) on_step(1, P);
   for (int step = 1; step < P; ++step) {
     const RingStep& st = plan_.steps()[static_cast<size_t>(step)];
@@ -284,7 +325,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
     if (st.source >= 0) {
       const std::vector<int64_t> pos = source_positions(st.source, st.source_rows);
       const char* buf = kv_in_[i].as<char>();
-      compute(buf, buf + B * n * kv_row_bytes(), n, pos.data(), part, part + B * n * grad_row);
+      compute(step, buf, buf + B * n * kv_row_bytes(), n, pos.data(), part, part + B * n * grad_row);
     }
     if (ring && step >= 2) {
       wait_step(grads[1 - i],
@@ -307,7 +348,7 @@ PassStats RingAttention::backward(const void* q, const void* k, const void* v, c
   }
   backend_.synchronize();
   stats.bytes_sent = comm_.bytes_sent() - sent_before;
-  stats.seconds = comm::now_seconds() - t_start;
+  stats.seconds = now_seconds() - t_start;
   return stats;
 }
 

@@ -42,7 +42,12 @@ struct RingOptions {
   kernels::AttentionDims dims;
   DType dtype = DType::f32;
   Schedule schedule = Schedule::direct;
+  KernelChoice kernel = KernelChoice::automatic;  // SPEC.md --kernel (the backend says what it can run)
+  bool deterministic = false;                     // SPEC.md --deterministic: a bitwise-reproducible backward
 };
+
+// Parses "auto", "cudnn" or "own"; throws ArgumentError naming kernel otherwise.
+KernelChoice parse_kernel_choice(const std::string& name);
 
 // What one pass cost on this rank.
 struct PassStats {
@@ -51,12 +56,17 @@ struct PassStats {
   double compute_seconds = 0.0;  // in the kernels
   uint64_t bytes_sent = 0;       // payload sent by this rank
   int compute_steps = 0;
+  int cudnn_steps = 0;           // of the compute steps: those cuDNN's fused attention ran
+  int own_steps = 0;             // and those our kernels ran
 };
 
 class RingAttention {
  public:
   RingAttention(comm::Communicator& comm, AttentionBackend& backend, const ShardLayout& layout, const Mask& mask,
                 const RingOptions& options, std::vector<int> ranks = {});
+  ~RingAttention();
+  RingAttention(const RingAttention&) = delete;
+  RingAttention& operator=(const RingAttention&) = delete;
 
   // This rank's position in the ring, and the communicator rank at a position.
   int position() const { return position_; }
@@ -84,10 +94,13 @@ class RingAttention {
   size_t kv_message_bytes(int64_t rows) const;
   size_t grad_message_bytes(int64_t rows) const;
   std::vector<int64_t> source_positions(int source, const std::vector<RowRange>& rows) const;
+  // Hands every step this rank computes to the backend's prepare(); fills step_ids_.
+  void prepare_backend();
   // Posts the K/V transfers of ring step `step` (1 <= step < P) as one communicator step.
   comm::StepHandle post_key_values(int step, const void* k, const void* v);
   void wait_step(comm::StepHandle& h, const std::string& what, PassStats& stats);
   void allocate_backward_buffers();
+  int step_id(int step) const { return step_ids_.empty() ? -1 : step_ids_[size_t(step)]; }
 
   // Steps are posted with ring positions as peers; rank_at translates them.
   comm::StepHandle post(comm::StepTransfer* transfers, size_t count);
@@ -103,6 +116,7 @@ class RingAttention {
   RingOptions options_;
   RingPlan plan_;
   std::vector<int64_t> positions_;
+  std::vector<int> step_ids_;  // the backend's id of each step (index: step), -1: none
   int64_t max_rows_ = 0;  // the most rows any transfer of either pass moves
   // Step k uses index k % 2 of each pair.
   DeviceBuffer kv_in_[2];     // K/V arriving

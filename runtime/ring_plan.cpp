@@ -11,7 +11,7 @@ const char* schedule_name(Schedule s) { return s == Schedule::direct ? "direct" 
 Schedule parse_schedule(const std::string& name) {
   if (name == "direct") return Schedule::direct;
   if (name == "ring") return Schedule::ring;
-  throw UsageError("--schedule " + name + ": expected direct or ring");
+  throw ArgumentError("schedule", "{schedule} '" + name + "': expected direct or ring");
 }
 
 int64_t count_rows(const std::vector<RowRange>& ranges) {

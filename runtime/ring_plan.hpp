@@ -25,7 +25,7 @@ namespace ringattn {
 
 enum class Schedule { direct, ring };
 const char* schedule_name(Schedule s);
-Schedule parse_schedule(const std::string& name);  // throws UsageError naming --schedule
+Schedule parse_schedule(const std::string& name);  // throws ArgumentError naming schedule
 
 // Local rows [begin, end) of one rank's shard.
 struct RowRange {

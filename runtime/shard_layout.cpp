@@ -20,18 +20,18 @@ LayoutKind parse_layout(const std::string& name) {
   if (name == "contiguous") return LayoutKind::contiguous;
   if (name == "zigzag") return LayoutKind::zigzag;
   if (name == "striped") return LayoutKind::striped;
-  throw UsageError("--layout " + name + ": expected contiguous, zigzag or striped");
+  throw ArgumentError("layout", "{layout} '" + name + "': expected contiguous, zigzag or striped");
 }
 
 ShardLayout::ShardLayout(LayoutKind kind, int64_t seq_len, int ranks, int ulysses, std::vector<int> members)
     : kind_(kind), seq_len_(seq_len), ranks_(ranks), ulysses_(ulysses) {
-  if (ranks < 1) throw UsageError("the job needs at least one rank");
+  if (ranks < 1) throw std::invalid_argument("ShardLayout: no ranks");
   if (ulysses < 1 || ranks % ulysses != 0)
-    throw UsageError("--ulysses " + std::to_string(ulysses) + " does not divide the " + std::to_string(ranks) +
-                     " ranks");
+    throw ArgumentError("ulysses", "{ulysses} " + std::to_string(ulysses) + " does not divide the " +
+                                       std::to_string(ranks) + " ranks");
   if (seq_len < ranks)
-    throw UsageError("--seq-len " + std::to_string(seq_len) + " is smaller than the number of ranks (" +
-                     std::to_string(ranks) + "): every rank needs at least one position");
+    throw ArgumentError("seq_len", "{seq_len} " + std::to_string(seq_len) + " is smaller than the number of ranks " +
+                                       std::to_string(ranks) + ": every rank needs at least one position");
   if (members.empty()) return;
   std::vector<int> slots(static_cast<size_t>(ranks), -1);
   bool identity = members.size() == static_cast<size_t>(ranks);

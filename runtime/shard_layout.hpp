@@ -7,11 +7,11 @@
 // Any L >= P works: chunk sizes differ by at most one row. A shard is described by at most two
 // arithmetic runs of positions, so no rank ever materialises the whole sequence's positions.
 //
-// Hybrid parallelism (--ulysses U, runtime/ulysses_attention.hpp): the layout applies to the P/U
+// Hybrid parallelism (ulysses U, runtime/ulysses_attention.hpp): the layout applies to the P/U
 // groups, and member u of a group holds the u-th of U nearly equal consecutive parts of the
 // group's rows (still at most two runs). Which ranks form the groups is the placement `members`:
 // members[g U + u] is the rank of member u of group g (place_ulysses_groups puts a group on one
-// node); without it, group g is ranks gU .. gU + U - 1 and member u is rank gU + u. U = 1 is the
+// node, runtime/placement.hpp); without it, group g is ranks gU .. gU + U - 1 and member u is rank gU + u. U = 1 is the
 // plain layout.
 #pragma once
 
@@ -24,7 +24,7 @@ namespace ringattn {
 enum class LayoutKind { contiguous, zigzag, striped };
 
 const char* layout_name(LayoutKind kind);
-// Parses "contiguous", "zigzag" or "striped"; throws UsageError naming --layout otherwise.
+// Parses "contiguous", "zigzag" or "striped"; throws ArgumentError naming layout otherwise.
 LayoutKind parse_layout(const std::string& name);
 
 // Positions start, start + stride, ..., start + (count - 1) * stride.

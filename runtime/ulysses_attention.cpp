@@ -8,116 +8,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
-namespace {
-
-}  // namespace
-
-void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads) {
-  const std::string u = "--ulysses " + std::to_string(ulysses);
-  if (ulysses < 1) throw UsageError(u + ": must be at least 1");
-  if (ranks % ulysses != 0)
-    throw UsageError(u + " does not divide the " + std::to_string(ranks) + " ranks (P = " + std::to_string(ranks) +
-                     "): the ranks form P/U groups of U");
-  if (heads % ulysses != 0)
-    throw UsageError(u + " does not divide the " + std::to_string(heads) + " heads (--heads " + std::to_string(heads) +
-                     "): each rank of a group takes H/U of them");
-  if (kv_heads % ulysses != 0 && ulysses % kv_heads != 0)
-    throw UsageError(u + " and the " + std::to_string(kv_heads) + " K/V heads (--kv-heads " +
-                     std::to_string(kv_heads) + "): one must be a multiple of the other, so that K/V heads are "
-                     "split or replicated evenly over the group");
-}
-
-UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int ulysses) {
-  const int P = static_cast<int>(node_of_rank.size());
-  UlyssesPlacement p;
-  // Nodes in the order of their least rank, each with its ranks in rank order.
-  std::map<int, size_t> index;
-  std::vector<std::vector<int>> nodes;
-  for (int r = 0; r < P; ++r) {
-    auto [it, fresh] = index.try_emplace(node_of_rank[size_t(r)], nodes.size());
-    if (fresh) nodes.emplace_back();
-    nodes[it->second].push_back(r);
-  }
-  std::string counts;
-  for (const std::vector<int>& n : nodes) {
-    p.node_local = p.node_local && n.size() % size_t(ulysses) == 0;
-    counts += (counts.empty() ? "" : ", ") + std::to_string(n.size());
-  }
-  if (p.node_local) {
-    for (const std::vector<int>& n : nodes) p.members.insert(p.members.end(), n.begin(), n.end());
-    return p;
-  }
-  p.members.resize(size_t(P));
-  for (int r = 0; r < P; ++r) p.members[size_t(r)] = r;
-  p.note = "--ulysses " + std::to_string(ulysses) + ": the " + std::to_string(nodes.size()) + " nodes hold " + counts +
-           " ranks, not each a multiple of " + std::to_string(ulysses) +
-           ", so the groups are consecutive ranks and some span nodes (their all-to-all crosses the link between "
-           "nodes)";
-  return p;
-}
-
-std::optional<std::vector<int>> pretend_nodes(int ranks) {
-  const char* pretend = std::getenv("RINGATTN_TEST_NODES");
-  if (!pretend || !*pretend) return std::nullopt;
-  const std::string what = std::string("RINGATTN_TEST_NODES=") + pretend;
-  std::vector<int> nodes;
-  for (const char* c = pretend; *c;) {
-    char* end = nullptr;
-    const long id = std::strtol(c, &end, 10);
-    if (end == c) throw UsageError(what + ": not a comma-separated list of node ids");
-    nodes.push_back(static_cast<int>(id));
-    c = *end == ',' ? end + 1 : end;
-  }
-  if (nodes.size() != size_t(ranks))
-    throw UsageError(what + ": " + std::to_string(nodes.size()) + " node ids for " + std::to_string(ranks) +
-                     " ranks (one per rank)");
-  return nodes;
-}
-
-std::vector<int> find_nodes(comm::Communicator& comm) {
-  // The discovery runs whatever the environment says, so that every rank makes the same
-  // collective calls even where the ranks were given different environments.
-  std::vector<int> nodes = comm.node_of_ranks();
-  return pretend_nodes(comm.size()).value_or(std::move(nodes));
-}
-
-ShardLayout hybrid_layout(comm::Communicator& comm, LayoutKind kind, int64_t seq_len, int ulysses) {
-  std::vector<int> members;
-  if (ulysses > 1) members = place_ulysses_groups(find_nodes(comm), ulysses).members;
-  return ShardLayout(kind, seq_len, comm.size(), ulysses, std::move(members));
-}
-
-UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses) {
-  const int P = comm.size(), me = comm.rank();
-  UlyssesGroups g;
-  g.ulysses = ulysses;
-  g.groups = P / ulysses;
-  if (ulysses == 1) {  // the plain ring: no group communicator, the ring over every rank
-    g.group = me;
-    return g;
-  }
-  g.placement = place_ulysses_groups(find_nodes(comm), ulysses);
-  const auto slot = std::find(g.placement.members.begin(), g.placement.members.end(), me) - g.placement.members.begin();
-  g.group = static_cast<int>(slot) / ulysses;
-  g.member = static_cast<int>(slot) % ulysses;
-  static std::atomic<bool> noted{false};
-  if (!g.placement.note.empty() && me == 0 && !noted.exchange(true))
-    std::fprintf(stderr, "ringattn: note: %s\n", g.placement.note.c_str());
-  for (int group = 0; group < g.groups; ++group)
-    g.ring_ranks.push_back(g.placement.members[size_t(group * ulysses + g.member)]);
-  g.group_comm = comm.split(g.group, g.member);
-  return g;
-}
-
-UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
-                                   int64_t seq_len, const Mask& mask, const RingOptions& options, int ulysses)
-    : UlyssesAttention(comm, backend, layout, seq_len, mask, options,
-                       (check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
-                        std::make_shared<UlyssesGroups>(make_ulysses_groups(comm, ulysses)))) {}
 
 UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
                                    int64_t seq_len, const Mask& mask, const RingOptions& options,
@@ -125,13 +19,13 @@ UlyssesAttention::UlyssesAttention(comm::Communicator& comm, AttentionBackend& b
     : comm_(comm),
       backend_(backend),
       options_(options),
-      groups_((check_ulysses(groups->ulysses, comm.size(), options.dims.heads, options.dims.kv_heads),
-               std::move(groups))),
+      groups_(std::move(groups)),
       layout_(layout, seq_len, comm.size(), groups_->ulysses, groups_->placement.members),
       group_layout_(layout_.group_layout()),
       group_rows_(group_layout_.rows(groups_->group)),
       positions_(layout_.positions(comm.rank())) {
   const int ulysses = groups_->ulysses;
+  if (auto bad = check_ulysses(ulysses, comm.size(), options.dims.heads, options.dims.kv_heads)) throw *bad;
   if (groups_->group_comm && backend.memory() == comm::MemorySpace::device &&
       groups_->group_comm->memory() == comm::MemorySpace::host)
     throw std::invalid_argument("UlyssesAttention: the " + std::string(backend.name()) +
@@ -239,9 +133,9 @@ void UlyssesAttention::reshard(const Resharding& r, Direction direction, const v
   backend_.synchronize();  // the communicator reads the blocks as soon as it is called
   // The exchange alone counts as communication (waiting included: it starts when the group's
   // last member arrives); packing and unpacking are copies on the backend, like the ring's.
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   groups_->group_comm->alltoallv(send_.data(), send_bytes, recv_.data(), recv_bytes);
-  a2a_seconds_ += comm::now_seconds() - t0;
+  a2a_seconds_ += now_seconds() - t0;
   // Copies of a replicated K/V head come back from consecutive members: their fp32 gradients are
   // summed in member order into the first block, which then goes in place once.
   char* blocks = recv_.as<char>();
@@ -279,8 +173,9 @@ void UlyssesAttention::inputs_to_heads(const void* q, const void* k, const void*
 
 PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v, float* o, float* lse) {
   ring_->on_step = on_step;
+  ++forward_count_;
   if (groups_->ulysses == 1) return ring_->forward(q, k, v, o, lse);
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const int64_t H = options_.dims.heads;
@@ -289,17 +184,17 @@ PassStats UlyssesAttention::forward(const void* q, const void* k, const void* v,
                                    lse_heads_.as<float>());
   reshard(tensor_resharding(H, sizeof(float), false), Direction::to_rows, o_heads_.data(), o);
   reshard(lse_resharding(), Direction::to_rows, lse_heads_.data(), lse);
-  forward_args_[0] = q, forward_args_[1] = k, forward_args_[2] = v, forward_args_[3] = o, forward_args_[4] = lse;
+  kept_forward_ = forward_count_;
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = comm::now_seconds() - t0;
+  stats.seconds = now_seconds() - t0;
   return stats;
 }
 
 PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
-                                     const void* dout, float* dq, float* dk, float* dv) {
+                                     const void* dout, float* dq, float* dk, float* dv, uint64_t saved) {
   ring_->on_step = on_step;
   if (groups_->ulysses == 1) return ring_->backward(q, k, v, o, lse, dout, dq, dk, dv);
-  const double t0 = comm::now_seconds();
+  const double t0 = now_seconds();
   a2a_bytes_ = 0;
   a2a_seconds_ = 0.0;
   const size_t elem = size_t(dtype_bytes(options_.dtype));
@@ -308,10 +203,9 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   const Resharding rq = tensor_resharding(H, elem, false);
   const Resharding rq32 = tensor_resharding(H, sizeof(float), false);
   const Resharding rkv32 = tensor_resharding(Hkv, sizeof(float), true);
-  const void* args[5] = {q, k, v, o, lse};
-  if (!std::equal(args, args + 5, forward_args_)) {  // not the last forward's tensors: exchange them
+  if (saved == 0 || saved != kept_forward_) {  // not the kept forward's tensors: exchange them
+    kept_forward_ = 0;
     inputs_to_heads(q, k, v, o, lse);
-    std::copy(args, args + 5, forward_args_);
   }
   reserve(dout_heads_, elem * size_t(B * group_rows_ * Hl * D));
   reserve(dq_heads_, sizeof(float) * size_t(B * group_rows_ * Hl * D));
@@ -325,7 +219,7 @@ PassStats UlyssesAttention::backward(const void* q, const void* k, const void* v
   reshard(rkv32, Direction::to_rows, dk_heads_.data(), dk);
   reshard(rkv32, Direction::to_rows, dv_heads_.data(), dv);
   stats.wait_seconds += a2a_seconds_;
-  stats.seconds = comm::now_seconds() - t0;
+  stats.seconds = now_seconds() - t0;
   return stats;
 }
 

@@ -1,16 +1,7 @@
 // Hybrid sequence parallelism (SPEC.md "Hybrid parallelism", --ulysses U): DeepSpeed-Ulysses'
 // all-to-all inside groups of U ranks, the ring across the P/U groups.
 //
-// Groups. The P ranks form G = P/U groups of U ranks (place_ulysses_groups). By default a group is
-// U ranks of one node (the nodes from MPI_Comm_split_type, Communicator::node_of_ranks), so the
-// all-to-all stays on the fast intra-node link whatever order the launcher gave the ranks
-// (round-robin placement included); this needs every node to hold a multiple of U ranks, and
-// otherwise the groups are U consecutive ranks (some then span nodes: a note says so, once, on
-// rank 0). Groups are numbered node by node (nodes in the order of their least rank), so the
-// ring across them crosses nodes as few times as the placement allows; with one node, or
-// consecutive ranks per node (Open MPI's default --map-by slot, Slurm's block distribution),
-// group g is ranks gU .. gU + U - 1. ShardLayout holds the placement, so the layout, the
-// --check and the output files know every rank's rows.
+// Groups: runtime/placement.hpp places them on the nodes.
 //
 // Sharding (ShardLayout with ulysses U). The sequence is laid out over the G groups by the
 // layout (zigzag etc., so the load balance of the ring holds); inside group g, member u holds the
@@ -46,64 +37,22 @@
 
 #include "comm/communicator.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/placement.hpp"
 #include "runtime/ring_attention.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
 
-// Throws UsageError naming --ulysses and the value it conflicts with: U < 1, U not dividing the
-// ranks P, the heads H not divisible by U, or Hkv neither a multiple nor a divisor of U.
-void check_ulysses(int ulysses, int ranks, int64_t heads, int64_t kv_heads);
-
-// Which ranks form the groups.
-struct UlyssesPlacement {
-  std::vector<int> members;  // members[g U + u]: the rank of member u of group g
-  bool node_local = true;    // every group lies in one node
-  std::string note;          // why not, when not ("" otherwise)
-};
-// From the node of every rank (ids: equal for ranks that share a node): when every node holds a
-// multiple of U ranks, each group is U ranks of one node in rank order, groups numbered node by
-// node (nodes in the order of their least rank); otherwise groups of U consecutive ranks.
-UlyssesPlacement place_ulysses_groups(const std::vector<int>& node_of_rank, int ulysses);
-// The node ids the environment variable RINGATTN_TEST_NODES lists (comma-separated, one per rank
-// of `ranks`), so that tests on one machine can place ranks on pretend nodes; nothing when it is
-// unset. No communication; throws UsageError naming the variable when it is malformed.
-std::optional<std::vector<int>> pretend_nodes(int ranks);
-// The node of every rank of `comm` (collective): pretend_nodes where set, else
-// Communicator::node_of_ranks.
-std::vector<int> find_nodes(comm::Communicator& comm);
-// The sharding of seq_len positions over the ranks of `comm` with the groups placed as above
-// (ulysses = 1: the plain layout). Collective over comm when ulysses > 1. The jobs build their
-// inputs, outputs and checks on it, so that they hold the rows the library's context gives them.
-ShardLayout hybrid_layout(comm::Communicator& comm, LayoutKind kind, int64_t seq_len, int ulysses);
-
-// The groups of `comm` (collective over it): this rank's group and member index, the placement,
-// the communicator of its group (U ranks, ordered by member) and the ranks of its ring (one per
-// group, ordered by group).
-struct UlyssesGroups {
-  int ulysses = 1, groups = 1, group = 0, member = 0;
-  UlyssesPlacement placement;
-  std::unique_ptr<comm::Communicator> group_comm;
-  std::vector<int> ring_ranks;
-};
-UlyssesGroups make_ulysses_groups(comm::Communicator& comm, int ulysses);
-
 // With U = 1 it is the plain RingAttention over `comm` (no copies, no all-to-all), so that jobs
 // hold one kind of object whatever --ulysses says.
 class UlyssesAttention {
  public:
-  // `options.dims` are the whole problem's (H, Hkv heads); check_ulysses must hold. Collective
-  // over `comm` (finds the nodes, splits the groups' communicators, which keep the settings of
-  // `comm`, timeout and link emulation, unless set afterwards). The rows this rank must hold are
-  // positions(), of layout(): with U > 1 they depend on the placement of the ranks on nodes, so
-  // take them from here rather than from a ShardLayout of one's own. A communicator on host
-  // memory with a device backend is refused (std::invalid_argument): wrap it in the host-staged
-  // one.
-  UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
-                   const Mask& mask, const RingOptions& options, int ulysses);
-  // The same over groups made before (make_ulysses_groups over `comm`) and shared with other
+  // `options.dims` are the whole problem's (H, Hkv heads); check_ulysses must hold for them. The
+  // groups are made before (make_ulysses_groups over `comm`'s ranks) and may be shared with other
   // UlyssesAttention objects used one at a time, so that their number does not multiply the
-  // communicators (the library's plans share one group communicator).
+  // communicators (a session's plans share one group communicator per degree). The rows this rank
+  // must hold are positions(), of layout(). A group communicator on host memory with a device
+  // backend is refused (std::invalid_argument): wrap it in the host-staged one.
   UlyssesAttention(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout, int64_t seq_len,
                    const Mask& mask, const RingOptions& options, std::shared_ptr<UlyssesGroups> groups);
 
@@ -130,12 +79,16 @@ class UlyssesAttention {
 
   // As RingAttention::forward on this rank's rows (positions()); the returned stats are those of
   // the whole pass, with the all-to-all time added to wait_seconds, and bytes_sent the ring's.
+  // Each forward is numbered (last_forward()): the number names the head-sharded copies of its
+  // inputs kept for its backward.
   PassStats forward(const void* q, const void* k, const void* v, float* o, float* lse);
-  // As RingAttention::backward. When q, k, v, o and lse are those of the last forward, the
-  // head-sharded copies kept from it are used (as DeepSpeed's autograd keeps them); otherwise they
-  // are exchanged again.
+  uint64_t last_forward() const { return forward_count_; }
+  // As RingAttention::backward. `saved` names the forward of these same q, k, v, o and lse
+  // (last_forward() after it): while no other forward has run since, the head-sharded copies it
+  // kept are used (as DeepSpeed's autograd keeps them); otherwise (or with 0) they are exchanged
+  // again.
   PassStats backward(const void* q, const void* k, const void* v, const float* o, const float* lse,
-                     const void* dout, float* dq, float* dk, float* dv);
+                     const void* dout, float* dq, float* dk, float* dv, uint64_t saved = 0);
 
   // Called after each ring step of a pass with (steps done, steps in all); for --progress.
   std::function<void(int, int)> on_step;
@@ -197,11 +150,12 @@ class UlyssesAttention {
   kernels::AttentionDims local_dims_;
   std::unique_ptr<RingAttention> ring_;
 
-  // Head-sharded tensors of the last forward, in backend memory, and the arguments they came from.
+  // Head-sharded tensors of the last exchange, in backend memory; kept_forward_: the forward whose
+  // inputs they are (0: none, e.g. after a backward exchanged other tensors).
   DeviceBuffer q_heads_, k_heads_, v_heads_, o_heads_, lse_heads_;
   DeviceBuffer dout_heads_, dq_heads_, dk_heads_, dv_heads_;  // backward's
   DeviceBuffer send_, recv_;                                   // the all-to-all's packed blocks
-  const void* forward_args_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  uint64_t forward_count_ = 0, kept_forward_ = 0;
   uint64_t a2a_bytes_ = 0;
   double a2a_seconds_ = 0.0;
 };

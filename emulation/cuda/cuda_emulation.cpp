@@ -2,6 +2,8 @@
 // exact block and warp barriers, warp shuffles and mma.sync as warp collectives.
 #include "emulation/cuda/cuda_emulation.hpp"
 
+#include "util/dtype.hpp"
+
 #include <ucontext.h>
 
 #include <chrono>
@@ -442,36 +444,9 @@ bool register_shared(unsigned char* buffer) {
   return true;
 }
 
-uint16_t float_to_half_bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN, inf
-  if (abs >= 0x477ff000u) return sign | 0x7c00;                                 // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                                                      // below 2^-14: subnormal
-    float v;
-    std::memcpy(&v, &abs, 4);
-    return sign | uint16_t(std::nearbyint(v * 16777216.0f));  // exact scaling, round to nearest even
-  }
-  uint32_t h = (((abs >> 23) - 127 + 15) << 10) | ((abs >> 13) & 0x3ffu);
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return uint16_t(sign | h);
-}
+uint16_t float_to_half_bits(float f) { return ringattn::float_to_fp16(f); }
 
-float half_bits_to_float(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ffu;
-  float f;
-  if (exponent == 0)
-    f = std::ldexp(float(mantissa), -24);
-  else if (exponent == 31)
-    f = mantissa ? NAN : INFINITY;
-  else
-    f = std::ldexp(float(mantissa | 0x400u), exponent - 25);
-  return (h & 0x8000) ? -f : f;
-}
+float half_bits_to_float(uint16_t h) { return ringattn::fp16_to_float(h); }
 
 }  // namespace cuda_emulation
 

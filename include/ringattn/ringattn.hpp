@@ -1,6 +1,7 @@
 // ringattn as a library: exact attention over a sequence sharded across the ranks of an MPI
 // communicator (Ring Attention with FlashAttention-2 block kernels). This is the only header a
-// user includes; link ringattn::ringattn (CMake: find_package(ringattn)).
+// user includes (with ringattn/errors.hpp, which it includes); link ringattn::ringattn (CMake:
+// find_package(ringattn)). docs/reference.md describes every type and argument.
 //
 //   ringattn::Context ctx;                                 // MPI_COMM_WORLD, CPU backend, MPI
 //   ringattn::Shard shard{.batch = 1, .rows = ctx.rows(L, spec), .heads = 8, .kv_heads = 8, .head_dim = 128};
@@ -17,9 +18,10 @@
 // thread at a time (a call is finished before the next begins), as PyTorch's autograd does when it
 // runs the backward of CUDA tensors on its device thread.
 //
-// Errors. A bad argument on any rank throws ArgumentError on every rank, naming the argument,
-// before any tensor data moves (shapes that differ between ranks are bad arguments too). A peer
-// that died or stopped answering throws std::runtime_error within the timeout; after that the
+// Errors (ringattn/errors.hpp). A bad argument on any rank throws ArgumentError on every rank,
+// naming the argument by its name here (shard.kv_heads is "kv_heads", spec.mask.doc_lens
+// "doc_lens"), before any tensor data moves (shapes that differ between ranks are bad arguments
+// too). A peer that died or stopped answering throws Fault within the timeout; after that the
 // context is no longer usable (end the job).
 #pragma once
 
@@ -28,37 +30,29 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ringattn/errors.hpp"
+
 namespace ringattn {
 
-class AttentionBackend;  // the program's own jobs reach the backend (runtime/backend.hpp)
-namespace comm {
-class Communicator;  // and the ring's communicator (comm/communicator.hpp)
-}
-
-// A bad argument; what() begins with the argument's name.
-class ArgumentError : public std::invalid_argument {
- public:
-  enum class Kind { value, type };
-  ArgumentError(std::string argument, const std::string& message, Kind kind = Kind::value)
-      : std::invalid_argument(message), argument_(std::move(argument)), kind_(kind) {}
-  const std::string& argument() const { return argument_; }
-  Kind kind() const { return kind_; }
-
- private:
-  std::string argument_;
-  Kind kind_;
-};
-
-enum class ElementType { float32, bfloat16 };
+// Element types of q, k, v and dout (o, lse and the gradients are float32). float16 runs on the
+// CUDA backend only.
+enum class ElementType { float32, bfloat16, float16 };
 // How positions are sharded over ranks (SPEC.md --layout); automatic = zigzag when causal,
 // contiguous otherwise, as on the command line.
 enum class SequenceLayout { automatic, contiguous, zigzag, striped };
 // How K/V rows move (SPEC.md --schedule).
 enum class KeyValueSchedule { direct, ring };
+// Which kernels run the attention steps on the CUDA backend (SPEC.md --kernel): automatic =
+// cuDNN's fused attention for the steps it can express (bf16, head dims it takes, masks its
+// planner maps) and ours for the rest, or ours alone where no cuDNN loads; cudnn = the same, but
+// an ArgumentError naming "kernel" where cuDNN cannot run at all (the CPU backend, fp32, no
+// libcudnn); own = our kernels throughout.
+enum class AttentionKernel { automatic, cudnn, own };
 
 // The mask (SPEC.md "Masks"): enabled conditions combine by intersection.
 struct MaskSpec {
@@ -84,6 +78,10 @@ struct AttentionSpec {
   // many ranks of one node when every node holds a multiple of it, else consecutive ranks: take
   // each rank's rows from Context::rows/positions with this spec.
   int ulysses = 1;
+  AttentionKernel kernel = AttentionKernel::automatic;  // SPEC.md --kernel
+  // SPEC.md --deterministic: a bitwise-reproducible backward (cuDNN's deterministic algorithm where
+  // its workspace stays linear in the shard, our kernels elsewhere). The forward always is.
+  bool deterministic = false;
 };
 
 // This rank's shard: the tensors' shapes and element type.
@@ -96,6 +94,12 @@ struct Shard {
   ElementType dtype = ElementType::float32;
 };
 
+// Names what one forward pass kept for its backward (Context::forward's `saved`).
+struct ForwardHandle {
+  uint64_t plan = 0;  // 0: none
+  uint64_t pass = 0;
+};
+
 // What one pass cost on this rank.
 struct RingStats {
   double seconds = 0.0;          // wall time of the ring pass
@@ -104,6 +108,8 @@ struct RingStats {
   uint64_t bytes_sent = 0;       // K/V payload sent by this rank
   uint64_t bytes_needed = 0;     // K/V bytes this rank's queries need from others (any schedule's floor)
   uint64_t a2a_bytes_sent = 0;   // sent to the other members of its group by the all-to-alls (ulysses > 1)
+  int cudnn_steps = 0;           // ring steps cuDNN's fused attention ran on this rank
+  int own_steps = 0;             // and those our kernels ran
 };
 
 struct ContextOptions {
@@ -129,6 +135,8 @@ class Context {
 
   int rank() const;
   int size() const;
+  // How many nodes the ranks span, as MPI's shared-memory split finds them.
+  int nodes() const;
   const ContextOptions& options() const;
 
   // The layout the spec resolves to, and this rank's share of a sequence of seq_len positions
@@ -139,18 +147,23 @@ class Context {
   std::vector<int64_t> positions(int64_t seq_len, const AttentionSpec& spec, int rank = -1) const;
 
   // Checks the arguments on every rank and that the ranks agree; throws ArgumentError on every
-  // rank when any rank's check failed. `local_error` (with its argument and kind) is a failure
-  // this rank found itself (e.g. a binding's type check): it fails the call on every rank.
-  // forward() and backward() call it first; call it alone only to report local_error.
-  void check(const Shard& shard, const AttentionSpec& spec, const ArgumentError* local_error = nullptr);
+  // rank when any rank's check failed. `local_error` is a failure this rank found itself (e.g. a
+  // binding's type check): it fails the call on every rank. forward() and backward() call it
+  // first; call it alone only to report local_error, or to build the call's plan ahead of time.
+  void check(const Shard& shard, const AttentionSpec& spec, const std::optional<ArgumentError>& local_error = {});
 
-  // o and lse of this rank's queries against every visible key on every rank.
+  // o and lse of this rank's queries against every visible key on every rank. `saved` (optional)
+  // receives a handle to what this pass kept for its backward.
   RingStats forward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
-                    float* o, float* lse);
+                    float* o, float* lse, ForwardHandle* saved = nullptr);
   // Given o and lse from forward and dout (the shard's element type): dq, dk, dv of this shard.
-  // dk and dv include the contributions of every rank's queries.
+  // dk and dv include the contributions of every rank's queries. With `saved` from the forward
+  // of these same q, k, v, o and lse, the backward reuses what that forward kept (with ulysses > 1
+  // the head-sharded inputs, so their all-to-alls are not repeated) when no other forward of the
+  // same shape has run since; without it, or when it is stale, everything is exchanged again.
   RingStats backward(const Shard& shard, const AttentionSpec& spec, const void* q, const void* k, const void* v,
-                     const float* o, const float* lse, const void* dout, float* dq, float* dk, float* dv);
+                     const float* o, const float* lse, const void* dout, float* dq, float* dk, float* dv,
+                     const ForwardHandle* saved = nullptr);
 
   // The caller's CUDA stream (a cudaStream_t, e.g. PyTorch's current stream; CUDA backend): each
   // later forward() and backward() starts, on the device, after the work queued on it before the
@@ -163,12 +176,6 @@ class Context {
   void set_step_callback(std::function<void(int, int)> on_step);
   // Plans (layout, ring plan, buffers) cached so far: one per (shape, mask, layout, schedule).
   size_t cached_plans() const;
-  // The backend: host/device memory for the program's own jobs (needs the runtime's headers).
-  AttentionBackend& backend();
-  // The communicator the ring's transfers use (NCCL with comm "nccl"; device memory with the CUDA
-  // backend), for the program's own jobs' traffic beside the ring (the LoRA layer's parameters).
-  // Its steps interleave with the ring's: every rank must post the same sequence of them.
-  comm::Communicator& communicator();
   // Sends `bytes` from every rank; recv gets them in rank order (host memory; for unsharding).
   void allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank);
 

@@ -22,7 +22,7 @@ struct CpuOptions {
 // the CPU's features; RINGATTN_ISA=avx2|scalar forces a narrower one (tests use this).
 const char* cpu_isa();
 // How the selected CPU kernels round with inputs of this type: bf16 inputs on an ISA with a bf16
-// dot product round P and dS to bf16 (bf16_products), everything else is fp32.
+// dot product round P and dS to bf16 in the backward; the forward and everything else is fp32.
 SamePrecision cpu_same_precision(DType dtype);
 // Rows per query tile and per key block of the selected ISA.
 int cpu_query_tile();

@@ -72,8 +72,11 @@ const TileKernels& selected_tile_kernels() {
 
 const char* cpu_isa() { return cpu::selected_tile_kernels().name; }
 SamePrecision cpu_same_precision(DType dtype) {
-  return dtype == DType::bf16 && cpu::selected_tile_kernels().bf16_dot ? SamePrecision::bf16_products
-                                                                       : SamePrecision::fp32;
+  // The bf16 dot product rounds P and dS in the backward only: the forward's P V runs on the fp32
+  // FMA with P unrounded (tile_args.hpp, TileKernels::bf16_dot).
+  SamePrecision p;
+  p.backward_products = dtype == DType::bf16 && cpu::selected_tile_kernels().bf16_dot ? DType::bf16 : DType::f32;
+  return p;
 }
 int cpu_query_tile() { return cpu::selected_tile_kernels().query_tile; }
 int cpu_key_block() { return cpu::selected_tile_kernels().key_block; }

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 
 #if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
 #include <immintrin.h>

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "kernels/mask/mask_view.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 
 namespace ringattn::kernels::cpu {
 

@@ -34,7 +34,7 @@ bool block_mask_fits_32_bits(const MaskView& mask) {
   return !mask.has_block_mask() || (mask.mask_block > 0 && mask.block_count * mask.mask_block < (int64_t(1) << 31));
 }
 
-bool use_tensor_cores(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+bool use_tensor_cores(const AttentionDims& dims, DType type, const void* q, const void* k, const void* v,
                       const void* dout, const MaskView& mask, const CudaOptions& options, const char* what) {
   const bool supported = cuda_tensor_cores_apply(dims, type, q, k, v, dout) && block_mask_fits_32_bits(mask);
   switch (options.kernel) {
@@ -98,7 +98,7 @@ __global__ void merge_kernel(int64_t batch, int64_t heads, int64_t rows, int hea
 }
 
 __global__ void delta_kernel(int64_t batch, int64_t heads, int64_t rows, int head_dim, const float* o, const void* dout,
-                             ElementType type, float* delta) {
+                             DType type, float* delta) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // (b, i, h)
   const int lane = threadIdx.x % 32;
   if (row >= batch * rows * heads) return;
@@ -129,16 +129,16 @@ int arch_family() {
 
 bool cuda_supports_head_dim(int64_t head_dim) { return head_dim >= 1 && head_dim <= gpu::kSimpleMaxHeadDim; }
 
-bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+bool cuda_tensor_cores_apply(const AttentionDims& dims, DType type, const void* q, const void* k, const void* v,
                              const void* dout) {
-  if (type == ElementType::f32) return false;
+  if (type == DType::f32) return false;
   if (dims.head_dim != 64 && dims.head_dim != 96 && dims.head_dim != 128 && dims.head_dim != 256) return false;
   for (const void* p : {q, k, v, dout})
     if (p && !gpu::aligned(p, 16)) return false;
   return true;
 }
 
-const char* cuda_kernel_name(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+const char* cuda_kernel_name(const AttentionDims& dims, DType type, const void* q, const void* k, const void* v,
                              const CudaOptions& options) {
   const bool tensor = use_tensor_cores(dims, type, q, k, v, nullptr, MaskView{}, options, "cuda_kernel_name");
   return tensor ? "tensor_core" : "simple";
@@ -182,7 +182,7 @@ void cuda_attention_backward(const AttentionDims& dims, const CudaQueryRows& q, 
 }
 
 size_t cuda_attention_backward_workspace_bytes(const AttentionDims& dims, int64_t q_rows) {
-  if (!cuda_tensor_cores_apply(dims, ElementType::bf16, nullptr, nullptr, nullptr) || q_rows <= 0) return 0;
+  if (!cuda_tensor_cores_apply(dims, DType::bf16, nullptr, nullptr, nullptr) || q_rows <= 0) return 0;
   return gpu::backward_workspace_bytes(static_cast<int>(dims.head_dim), dims.batch, dims.heads, q_rows);
 }
 
@@ -196,7 +196,7 @@ void cuda_merge_states(const AttentionDims& dims, int64_t rows, const AttentionS
 }
 
 void cuda_attention_delta(const AttentionDims& dims, int64_t rows, const float* o, const void* dout,
-                          ElementType dout_type, float* delta, cudaStream_t stream) {
+                          DType dout_type, float* delta, cudaStream_t stream) {
   const int64_t n = dims.batch * rows * dims.heads;
   if (n == 0) return;
   gpu::launch_kernel(delta_kernel, warp_rows_grid(n, "cuda_attention_delta"), 256, 0, stream, dims.batch, dims.heads,

@@ -24,19 +24,10 @@
 
 namespace ringattn::kernels {
 
-// Element types of Q, K, V and dO on the GPU (DType plus fp16). Accumulation is always fp32.
-enum class ElementType : uint8_t { f32, bf16, f16 };
-
-inline ElementType element_type(DType t) { return t == DType::f32 ? ElementType::f32 : ElementType::bf16; }
-inline int64_t element_bytes(ElementType t) { return t == ElementType::f32 ? 4 : 2; }
-inline const char* element_name(ElementType t) {
-  return t == ElementType::f32 ? "fp32" : t == ElementType::bf16 ? "bf16" : "fp16";
-}
-
 // As QueryRows / KeyValueRows, with device pointers (pos too).
 struct CudaQueryRows {
   const void* data = nullptr;  // Q (B, rows, H, D)
-  ElementType type = ElementType::bf16;
+  DType type = DType::bf16;
   int64_t rows = 0;
   const int64_t* pos = nullptr;
 };
@@ -44,7 +35,7 @@ struct CudaQueryRows {
 struct CudaKeyValueRows {
   const void* k = nullptr;  // (B, rows, Hkv, D)
   const void* v = nullptr;
-  ElementType type = ElementType::bf16;
+  DType type = DType::bf16;
   int64_t rows = 0;
   const int64_t* pos = nullptr;
 };
@@ -69,12 +60,12 @@ struct CudaOptions {
 // True when the tensor-core kernels handle these inputs: bf16/fp16, head_dim 64, 96, 128 or 256,
 // and 16-byte aligned Q/K/V/dO pointers (and, checked per call, a block mask of fewer than 2^31
 // positions). (RINGATTN_CUDA_KERNEL=simple turns `automatic` to simple.)
-bool cuda_tensor_cores_apply(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+bool cuda_tensor_cores_apply(const AttentionDims& dims, DType type, const void* q, const void* k, const void* v,
                              const void* dout = nullptr);
 // Head dims any CUDA kernel supports: 1..256 (the tensor-core path: 64, 96, 128 and 256).
 bool cuda_supports_head_dim(int64_t head_dim);
 // Which kernel a call with these options and inputs runs: "tensor_core" or "simple".
-const char* cuda_kernel_name(const AttentionDims& dims, ElementType type, const void* q, const void* k, const void* v,
+const char* cuda_kernel_name(const AttentionDims& dims, DType type, const void* q, const void* k, const void* v,
                              const CudaOptions& options);
 
 // Attends the queries to the keys/values and merges the result into `state` (device memory;
@@ -90,7 +81,7 @@ void cuda_merge_states(const AttentionDims& dims, int64_t rows, const AttentionS
 
 // delta = rowsum(dO * O), (B, H, rows).
 void cuda_attention_delta(const AttentionDims& dims, int64_t rows, const float* o, const void* dout,
-                          ElementType dout_type, float* delta, cudaStream_t stream);
+                          DType dout_type, float* delta, cudaStream_t stream);
 
 // As attention_backward: dq += dL/dQ through these keys, dk += dL/dK, dv += dL/dV (fp32).
 // `dout` has the layout and type of q.data. Deterministic: bitwise the same on every run (the

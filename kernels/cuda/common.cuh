@@ -74,11 +74,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
 #endif
 }
 
-__device__ __forceinline__ float load_element(const void* base, ElementType t, int64_t i) {
+__device__ __forceinline__ float load_element(const void* base, DType t, int64_t i) {
   switch (t) {
-    case ElementType::f32:
+    case DType::f32:
       return static_cast<const float*>(base)[i];
-    case ElementType::bf16:
+    case DType::bf16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
     default:
       return __half2float(static_cast<const __half*>(base)[i]);

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "kernels/rotary.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 
 namespace ringattn::kernels {
 

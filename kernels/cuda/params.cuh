@@ -15,7 +15,7 @@ struct AttentionParams {
   int64_t batch = 1, heads = 1, kv_heads = 1;
   int head_dim = 64;
   float scale = 0.125f;
-  ElementType type = ElementType::bf16;
+  DType type = DType::bf16;
 
   const void* q = nullptr;  // (B, q_rows, H, D); dout has the same layout and type
   int64_t q_rows = 0;

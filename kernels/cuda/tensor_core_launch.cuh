@@ -50,7 +50,7 @@ using HeadDim = std::integral_constant<int, D>;
 // 256) of p: one place that lists the instances.
 template <class F>
 void dispatch_tensor_core(const AttentionParams& p, F&& f) {
-  const bool bf16 = p.type == ElementType::bf16;
+  const bool bf16 = p.type == DType::bf16;
   auto by_type = [&](auto d) {
     if (bf16)
       f(TypeTag<__nv_bfloat16>{}, d);

@@ -1,7 +1,7 @@
 // `ringattn bench`: the scaling benchmark (default) and the kernel benchmark (--kernel).
 #pragma once
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 

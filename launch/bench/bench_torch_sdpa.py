@@ -2,7 +2,8 @@
 """PyTorch's scaled_dot_product_attention with the FlashAttention backend on the shapes of
 ringattn_gpu_bench, timed the same way (CUDA events, warm-up, median), FLOPs counted as SPEC.md
 says (forward 4 B H D x visible pairs, backward 2.5 x that). The yardstick of launch/gpu-check.sh.
-When the flash-attn package is importable, its flash_attn_func is timed too (flash_attn_* keys).
+When the flash-attn package is importable, its flash_attn_func is timed too (flash_attn_* keys);
+--backends flash,cudnn also times torch's cuDNN backend (SDPBackend.CUDNN_ATTENTION, cudnn_* keys).
 
   bench_torch_sdpa.py [--json FILE] [--dtype bf16|fp16] [--heads 16] [--batch 1]
                       [--head-dims 64,128] [--lengths 4096,8192,16384,32768] [--causal both|yes|no]
@@ -77,8 +78,8 @@ def bench(args):
                 q, k, v, dout = (torch.randn(shape, device=dev, dtype=dtype, generator=gen) for _ in range(4))
                 flops = 4.0 * args.batch * args.heads * head_dim * visible_pairs(length, causal)
                 point = {"head_dim": head_dim, "seq_len": length, "causal": causal}
-                try:
-                    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                def sdpa_times(backend):  # (forward ms, backward ms) of torch SDPA on one backend
+                    with sdpa_kernel([backend]):
                         with torch.no_grad():
                             fwd_ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
                         bwd_ms = 0.0
@@ -92,9 +93,20 @@ def bench(args):
 
                             bwd_ms = timed(backward)
                             del out, qg, kg, vg
+                    return fwd_ms, bwd_ms
+
+                try:
+                    fwd_ms, bwd_ms = sdpa_times(SDPBackend.FLASH_ATTENTION)
                     point.update(forward_ms=fwd_ms, forward_tflops=flops / (fwd_ms * 1e-3) / 1e12,
                                  backward_ms=bwd_ms,
                                  backward_tflops=2.5 * flops / (bwd_ms * 1e-3) / 1e12 if bwd_ms else 0.0)
+                    if "cudnn" in args.backends:
+                        try:
+                            c_fwd, c_bwd = sdpa_times(SDPBackend.CUDNN_ATTENTION)
+                            point.update(cudnn_forward_tflops=flops / (c_fwd * 1e-3) / 1e12,
+                                         cudnn_backward_tflops=2.5 * flops / (c_bwd * 1e-3) / 1e12 if c_bwd else 0.0)
+                        except RuntimeError as e:  # no cuDNN attention for this shape, GPU or torch
+                            point["cudnn_error"] = str(e).splitlines()[0]
                     if flash_attn_func is not None:  # (B, L, H, D) layout
                         qf, kf, vf, dof = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
                         with torch.no_grad():
@@ -205,6 +217,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--backends", type=lambda t: t.split(","), default=["flash"],
+                    help="torch SDPA backends to time: flash, and cudnn (its cuDNN attention)")
     ap.add_argument("--compare", nargs=2, metavar=("OURS_JSON", "TORCH_JSON"))
     ap.add_argument("--steps")
     ap.add_argument("--out")

@@ -30,13 +30,12 @@
 
 #include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/sampled_check.hpp"
-#include "kernels/types.hpp"
-#include "launch/statistics.hpp"
+#include "util/dtype.hpp"
+#include "launch/cli/statistics.hpp"
 
 namespace {
 
 using namespace ringattn;
-using kernels::ElementType;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -44,7 +43,7 @@ void check(cudaError_t e, const char* what) {
 
 struct Options {
   std::string json;
-  ElementType type = ElementType::bf16;
+  DType type = DType::bf16;
   int64_t heads = 16, batch = 1;
   std::vector<int64_t> head_dims{64, 128};
   std::vector<int64_t> lengths{4096, 8192, 16384, 32768};
@@ -75,9 +74,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--dtype") {
       const std::string v = value();
       if (v == "bf16")
-        o.type = ElementType::bf16;
+        o.type = DType::bf16;
       else if (v == "fp16")
-        o.type = ElementType::f16;
+        o.type = DType::f16;
       else
         throw std::invalid_argument("--dtype " + v + ": expected bf16 or fp16");
     } else if (a == "--heads")
@@ -117,29 +116,13 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// A value rounded to the 16-bit element type, as bits, and back.
+uint16_t element_bits(float x, DType t) { return t == DType::bf16 ? float_to_bf16(x) : float_to_fp16(x); }
+
+float bits_value(uint16_t b, DType t) { return t == DType::bf16 ? bf16_to_float(b) : fp16_to_float(b); }
+
 // Deterministic values in [-sqrt(3), sqrt(3)) (unit variance), rounded to the element type.
-uint16_t element_bits(float x, ElementType t) {
-  if (t == ElementType::bf16) return float_to_bf16(x);
-  // fp16, round to nearest even (inputs are small and normal)
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
-  if (abs < 0x38800000u) return uint16_t(sign);  // (|x| < 2^-14: flush, rare for these inputs)
-  uint32_t h = (((abs >> 23) - 112) << 10) | ((abs >> 13) & 0x3ffu);
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return uint16_t(sign | h);
-}
-
-float bits_value(uint16_t b, ElementType t) {
-  if (t == ElementType::bf16) return bf16_to_float(b);
-  const int e = (b >> 10) & 0x1f;
-  const float m = float(b & 0x3ff);
-  const float v = e == 0 ? std::ldexp(m, -24) : std::ldexp(m + 1024.0f, e - 25);
-  return (b & 0x8000) ? -v : v;
-}
-
-std::vector<uint16_t> random_tensor(size_t n, uint64_t seed, ElementType t) {
+std::vector<uint16_t> random_tensor(size_t n, uint64_t seed, DType t) {
   std::vector<uint16_t> out(n);
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (size_t i = 0; i < n; ++i) {
@@ -277,9 +260,9 @@ Point run_point(const Options& o, int64_t D, int64_t L, bool causal, cudaStream_
       }
       got.dq = dq_host.data(), got.dk = dk_host.data(), got.dv = dv_host.data();
     }
-    const kernels::SamePrecision precision = std::string(p.kernel) == "tensor_core"
-                                                 ? kernels::SamePrecision::bf16_products
-                                                 : kernels::SamePrecision::fp32;
+    const kernels::SamePrecision precision = std::string(p.kernel) != "tensor_core" ? kernels::SamePrecision::fp32()
+                                             : o.type == DType::f16 ? kernels::SamePrecision::fp16_products()
+                                                                    : kernels::SamePrecision::bf16_products();
     const kernels::SampledErrors e = kernels::check_sampled_rows(
         kernels::WholeProblem{dims, L, mask, qf.data(), kf.data(), vf.data(), o.backward ? df.data() : nullptr,
                               precision},
@@ -308,7 +291,7 @@ int main(int argc, char** argv) {
     std::printf("# ringattn_gpu_bench on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount);
     std::printf("# %s, batch %lld, heads %lld, median of %d after %d warm-up; TFLOP/s as SPEC.md counts them\n",
-                kernels::element_name(o.type), (long long)o.batch, (long long)o.heads, o.iters, o.warmup);
+                dtype_name(o.type), (long long)o.batch, (long long)o.heads, o.iters, o.warmup);
     std::printf("# %4s %7s %6s %12s %10s %10s %10s %10s %10s %6s\n", "D", "L", "causal", "kernel", "fwd_ms", "fwd_TF/s",
                 "bwd_ms", "bwd_TF/s", "max_err", "#wrong");
     std::vector<Point> points;
@@ -317,7 +300,7 @@ int main(int argc, char** argv) {
     auto write_json = [&] {
       if (o.json.empty()) return;
       std::ofstream f(o.json);
-      f << "{\"config\": {\"device\": \"" << prop.name << "\", \"dtype\": \"" << kernels::element_name(o.type)
+      f << "{\"config\": {\"device\": \"" << prop.name << "\", \"dtype\": \"" << dtype_name(o.type)
         << "\", \"batch\": " << o.batch << ", \"heads\": " << o.heads << ", \"warmup\": " << o.warmup
         << ", \"iters\": " << o.iters << "},\n \"points\": [";
       for (size_t i = 0; i < points.size(); ++i) {

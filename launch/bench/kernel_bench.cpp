@@ -17,15 +17,15 @@
 #include <sstream>
 #include <vector>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/sampled_check.hpp"
-#include "launch/job_control.hpp"
-#include "launch/job_util.hpp"
-#include "launch/json.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
-#include "launch/statistics.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/job_util.hpp"
+#include "launch/cli/json.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
+#include "launch/cli/statistics.hpp"
 #include "runtime/errors.hpp"
 #include "kernels/mask/mask.hpp"
 #include "runtime/random_inputs.hpp"
@@ -45,9 +45,9 @@ double sgemm_gflops(int threads, int n, int reps = 4) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = float(i % 7) * 0.1f;
   double best = 0.0;
   for (int rep = 0; rep < reps; ++rep) {
-    const double t0 = comm::now_seconds();
+    const double t0 = now_seconds();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double t = comm::now_seconds() - t0;
+    const double t = now_seconds() - t0;
     if (rep) best = std::max(best, 2.0 * n * double(n) * n / t / 1e9);  // the first warms up
   }
   return best;
@@ -185,16 +185,16 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   agreed_phase(ctx.world, [&] {
     dims = parse_int_list(head_dims, "--head-dims");
     for (int64_t d : dims)
-      if (!kernels::cpu_supports_head_dim(d)) throw UsageError("--head-dims: " + std::to_string(d) + " is not supported");
+      if (!kernels::cpu_supports_head_dim(d)) throw usage_error("--head-dims: " + std::to_string(d) + " is not supported");
     std::stringstream ss(dtypes);
     for (std::string t; std::getline(ss, t, ',');) {
       if (t == "fp32") types.push_back(DType::f32);
       else if (t == "bf16") types.push_back(DType::bf16);
-      else throw UsageError("--dtypes: '" + t + "' is not fp32 or bf16");
+      else throw usage_error("--dtypes: '" + t + "' is not fp32 or bf16");
     }
     if (L < 1 || H < 1 || iters < 1 || repeats < 1 || sgemm_n < 1 || threads < 0)
-      throw UsageError("--seq-len, --heads, --iters, --repeats, --sgemm-size must be positive");
-    if (Hkv < 0 || (Hkv > 0 && H % Hkv != 0)) throw UsageError("--kv-heads must divide --heads (or be 0)");
+      throw usage_error("--seq-len, --heads, --iters, --repeats, --sgemm-size must be positive");
+    if (Hkv < 0 || (Hkv > 0 && H % Hkv != 0)) throw usage_error("--kv-heads must divide --heads (or be 0)");
   });
   if (help) {
     if (ctx.world.rank() == 0) std::cout << desc << "\n";
@@ -283,14 +283,14 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
           for (int it = rep ? 1 : 0; it <= iters; ++it) {
             std::fill(o.begin(), o.end(), 0.0f);
             std::fill(lse.begin(), lse.end(), -INFINITY);
-            double t0 = comm::now_seconds();
+            double t0 = now_seconds();
             kernels::attention_forward(kd, qr, kvr, mv, kernels::AttentionState{o.data(), lse.data()}, opt);
-            if (it) tf.push_back(comm::now_seconds() - t0);
+            if (it) tf.push_back(now_seconds() - t0);
             std::fill(dq.begin(), dq.end(), 0.0f), std::fill(dk.begin(), dk.end(), 0.0f), std::fill(dv.begin(), dv.end(), 0.0f);
-            t0 = comm::now_seconds();  // the backward pass includes delta, as PyTorch's and the ring's do
+            t0 = now_seconds();  // the backward pass includes delta, as PyTorch's and the ring's do
             kernels::attention_delta(kd, L, o.data(), dp, dtype, delta.data());
             kernels::attention_backward(kd, qr, kvr, dp, lse.data(), delta.data(), dq.data(), dk.data(), dv.data(), mv, opt);
-            if (it) tb.push_back(comm::now_seconds() - t0);
+            if (it) tb.push_back(now_seconds() - t0);
           }
           const double gf = flops / median_of(tf) / 1e9, gb = 2.5 * flops / median_of(tb) / 1e9;
           ours_f.push_back(gf), ours_b.push_back(gb);

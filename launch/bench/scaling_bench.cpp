@@ -13,19 +13,21 @@
 #include <optional>
 
 #include "kernels/cpu/attention_cpu.hpp"
-#include "launch/cpu_binding.hpp"
-#include "launch/job_control.hpp"
-#include "launch/execution.hpp"
-#include "launch/job_util.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/cpu_binding.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/execution.hpp"
+#include "launch/cli/job_util.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
 #include "launch/bench/scaling_report.hpp"
-#include "launch/statistics.hpp"
+#include "launch/cli/statistics.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/check.hpp"
 #include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
+#include "runtime/placement.hpp"
+#include "runtime/session.hpp"
 #include "runtime/ulysses_attention.hpp"
 
 namespace po = boost::program_options;
@@ -89,7 +91,7 @@ struct Bench {
   bool weak = false, backward = true, check = true;
   std::vector<int> ranks;
   std::vector<int> ulysses;  // --ulysses degrees; a point for each that divides the point's ranks
-  std::vector<Mask> masks;  // one per point: the sequence length differs in weak scaling
+  std::vector<AttentionSpec> specs;  // one per point (the sequence length differs in weak scaling); ulysses 1
   kernels::AttentionDims dims;
   LayoutKind layout = LayoutKind::contiguous;
   Schedule schedule = Schedule::direct;
@@ -103,16 +105,16 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   Bench b;
   b.opt = o;
   const int W = ctx.world.size();
-  if (o.mode != "strong" && o.mode != "weak") throw UsageError("--mode " + o.mode + ": expected strong or weak");
+  if (o.mode != "strong" && o.mode != "weak") throw usage_error("--mode " + o.mode + ": expected strong or weak");
   b.weak = o.mode == "weak";
-  if (b.weak && given(vm, "seq-len")) throw UsageError("--seq-len is for --mode strong; weak scaling takes --tokens-per-rank");
-  if (!b.weak && given(vm, "tokens-per-rank")) throw UsageError("--tokens-per-rank is for --mode weak");
+  if (b.weak && given(vm, "seq-len")) throw usage_error("--seq-len is for --mode strong; weak scaling takes --tokens-per-rank");
+  if (!b.weak && given(vm, "tokens-per-rank")) throw usage_error("--tokens-per-rank is for --mode weak");
   if (o.ranks.empty()) {
     for (int P = 1; P <= W; P *= 2) b.ranks.push_back(P);
   } else {
     for (int64_t P : parse_int_list(o.ranks, "--ranks")) {
       if (P < 1 || P > W)
-        throw UsageError("--ranks " + o.ranks + ": " + std::to_string(P) + " is not between 1 and the job's " +
+        throw usage_error("--ranks " + o.ranks + ": " + std::to_string(P) + " is not between 1 and the job's " +
                          std::to_string(W) + " ranks (start more with mpirun -np)");
       b.ranks.push_back(static_cast<int>(P));
     }
@@ -120,26 +122,19 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
     b.ranks.erase(std::unique(b.ranks.begin(), b.ranks.end()), b.ranks.end());
   }
   const int64_t Hkv = o.kv_heads ? o.kv_heads : o.heads;
-  if (o.batch < 1 || o.heads < 1 || Hkv < 1 || o.head_dim < 1 || o.seq_len < 1 || o.tokens_per_rank < 1)
-    throw UsageError("batch, seq-len, tokens-per-rank, heads, kv-heads and head-dim must be positive");
-  if (o.heads % Hkv != 0)
-    throw UsageError("--heads " + std::to_string(o.heads) + " is not a multiple of --kv-heads " + std::to_string(Hkv));
-  b.execution = choose_execution(o.backend, o.comm, o.head_dim, ctx);
-  if (b.execution.backend == "cpu" && !kernels::cpu_supports_head_dim(o.head_dim))
-    throw UsageError("--head-dim " + std::to_string(o.head_dim) + " is not supported: use a multiple of 16 up to 512");
+  if (o.tokens_per_rank < 1) throw usage_error("--tokens-per-rank " + std::to_string(o.tokens_per_rank) + " must be positive");
+  b.execution = choose_execution(o.backend, o.comm, ctx);
   check_execution_options(o);
-  if (o.check_rows < 1) throw UsageError("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
+  if (o.check_rows < 1) throw usage_error("--check-rows " + std::to_string(o.check_rows) + ": must be at least 1");
   b.dtype = parse_dtype_option(o.dtype);
   b.layout = layout_option(o.layout, o.mask.causal);
-  if (o.emulate_intra_bandwidth < 0 || o.emulate_intra_latency < 0)
-    throw UsageError("--emulate-intra-bandwidth and --emulate-intra-latency must not be negative");
   for (int64_t U : parse_int_list(o.ulysses, "--ulysses")) {
     if (U < 1 || U > W)
-      throw UsageError("--ulysses " + o.ulysses + ": " + std::to_string(U) + " is not between 1 and the job's " +
+      throw usage_error("--ulysses " + o.ulysses + ": " + std::to_string(U) + " is not between 1 and the job's " +
                        std::to_string(W) + " ranks");
-    check_ulysses(int(U), int(U), o.heads, Hkv);  // H (and Hkv) against U; P is checked per point
+    if (auto bad = check_ulysses(int(U), int(U), o.heads, Hkv)) throw *bad;  // H (and Hkv) against U; P per point
     if (std::none_of(b.ranks.begin(), b.ranks.end(), [&](int P) { return P % U == 0; }))
-      throw UsageError("--ulysses " + std::to_string(U) + " divides none of the rank counts (--ranks)");
+      throw usage_error("--ulysses " + std::to_string(U) + " divides none of the rank counts (--ranks)");
     b.ulysses.push_back(int(U));
   }
   std::sort(b.ulysses.begin(), b.ulysses.end());
@@ -149,13 +144,24 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   b.check = !o.no_check;
   b.threads = o.threads ? o.threads : ctx.default_threads();
   b.dims = kernels::AttentionDims{o.batch, o.heads, Hkv, o.head_dim, 1.0f / std::sqrt(float(o.head_dim))};
+  const Shard shard{o.batch, 1, o.heads, Hkv, o.head_dim, api::element_type_of(b.dtype)};
+  const ContextOptions context = context_options(b.execution, b.opt, b.threads, o.emulate_intra_bandwidth,
+                                                 o.emulate_intra_latency);
+  if (auto bad = api::check_options(context)) throw *bad;
+  if (auto bad = api::check_shard(shard, b.execution.backend == "cuda")) throw *bad;
   for (int P : b.ranks) {
-    if (b.seq_len(P) < P)
-      throw UsageError("--seq-len " + std::to_string(b.seq_len(P)) + " is smaller than " + std::to_string(P) + " ranks");
-    b.masks.push_back(build_mask(o.mask, b.seq_len(P), o.seed));
+    AttentionSpec spec;
+    spec.mask = mask_spec(o.mask, b.seq_len(P), o.seed);
+    spec.layout = layout_spec(o.layout);
+    spec.schedule = schedule_spec(o.schedule);
+    spec.kernel = kernel_spec(o.kernel);
+    spec.deterministic = o.deterministic;
+    for (auto bad : {api::check_spec(spec), api::check_call(shard, spec, b.seq_len(P), P)})
+      if (bad) throw *bad;
+    b.specs.push_back(std::move(spec));
   }
   // Strong scaling has one mask; weak scaling one per length, and the largest is the one to inspect.
-  if (ctx.world.rank() == 0) dump_block_mask(o.mask, b.masks.back());
+  if (ctx.world.rank() == 0) dump_block_mask(o.mask, api::build_mask(b.specs.back(), b.seq_len(b.ranks.back())));
   return b;
 }
 
@@ -186,9 +192,9 @@ struct PassSeries {
     double slow = s.seconds;
     double sums[4] = {s.seconds, s.compute_seconds, s.wait_seconds, s.wait_seconds / std::max(s.seconds, 1e-12)};
     uint64_t sent = s.bytes_sent;
-    comm.allreduce(&slow, 1, comm::DataType::f64, comm::ReduceOp::max);
-    comm.allreduce(sums, 4, comm::DataType::f64, comm::ReduceOp::sum);
-    comm.allreduce(&sent, 1, comm::DataType::i64, comm::ReduceOp::sum);
+    comm.allreduce(&slow, 1, DType::f64, comm::ReduceOp::max);
+    comm.allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+    comm.allreduce(&sent, 1, DType::i64, comm::ReduceOp::sum);
     slowest.push_back(slow);
     mean.push_back(sums[0] / P), compute.push_back(sums[1] / P), wait.push_back(sums[2] / P);
     exposed.push_back(sums[3] / P);
@@ -197,28 +203,33 @@ struct PassSeries {
 };
 
 // Runs one point on the ranks of `comm`; every rank returns the same point. The attention runs
-// through the library's API (a context over the point's ranks), as the attention job's does.
-ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses) {
+// through the runtime's session over the point's ranks, as the attention job's does.
+ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses, const TestSeam& seam) {
   const int P = comm.size(), rank = comm.rank();
   const int64_t L = b.seq_len(P);
-  const Mask& mask = b.masks[index];
   const kernels::AttentionDims& dims = b.dims;
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const bool was_reset = reset_peak_rss();
 
-  // The rows the context gives, agreed by the point's ranks (a bad RINGATTN_TEST_NODES fails them all).
-  std::optional<ShardLayout> layout_storage;
-  agreed_phase(comm, [&] { layout_storage.emplace(hybrid_layout(comm, b.layout, L, ulysses)); });
-  const ShardLayout& layout = *layout_storage;
-  const std::vector<int64_t> pos = layout.positions(rank);
-  const int64_t rows = static_cast<int64_t>(pos.size());
   // The emulated links: --emulate-* between ranks (between groups with --ulysses), and the link
-  // inside the groups.
-  const std::unique_ptr<Context> api = open_context(
-      comm, context_options(b.execution, b.opt, b.threads, b.opt.emulate_intra_bandwidth, b.opt.emulate_intra_latency));
-  AttentionBackend* backend = &api->backend();
-  const Shard shard{B, rows, H, Hkv, D, b.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
-  const AttentionSpec spec = api::attention_spec(mask, b.layout, b.schedule, dims.scale, ulysses);
+  // inside the groups. The point's plan gives this rank's rows (with --ulysses, placed on nodes).
+  std::unique_ptr<Session> session;
+  agreed_phase(comm, [&] {
+    session = open_session(comm, context_options(b.execution, b.opt, b.threads, b.opt.emulate_intra_bandwidth,
+                                                 b.opt.emulate_intra_latency),
+                           seam);
+  });
+  AttentionSpec spec = b.specs[index];
+  spec.ulysses = ulysses;
+  const Shard shard{B, 0, H, Hkv, D, api::element_type_of(b.dtype)};
+  AttentionPlan* plan = nullptr;
+  agreed_phase(comm, [&] { plan = &session->plan(shard, spec, L); });
+  UlyssesAttention& attention = plan->attention();
+  const ShardLayout& layout = plan->layout();
+  const Mask& mask = plan->mask();
+  const std::vector<int64_t>& pos = plan->positions();
+  const int64_t rows = plan->rows();
+  AttentionBackend* backend = &session->backend();
   auto random_input = [&](RandomTensor t, int64_t heads) {
     std::vector<float> x(static_cast<size_t>(B * rows * heads * D));
     random_rows(x.data(), b.opt.seed, t, B, L, heads * D, pos.data(), rows);
@@ -245,20 +256,24 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   for (int it = 0; it < b.opt.warmup + b.opt.iters; ++it) {
     const bool timed = it >= b.opt.warmup;
     comm.barrier();
-    const RingStats f = api->forward(shard, spec, q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>());
+    const RingStats f =
+        ring_stats(attention.forward(q_in.data(), k_in.data(), v_in.data(), o.as<float>(), lse.as<float>()), attention);
     a2a_bytes = f.a2a_bytes_sent, needed = f.bytes_needed;
     PassSeries ignored;
     (timed ? fwd : ignored).add(comm, f);
     if (!b.backward) continue;
     comm.barrier();
-    const RingStats g = api->backward(shard, spec, q_in.data(), k_in.data(), v_in.data(), o.as<float>(),
-                                      lse.as<float>(), dout_in.data(), dq.as<float>(), dk.as<float>(), dv.as<float>());
+    const RingStats g = ring_stats(attention.backward(q_in.data(), k_in.data(), v_in.data(), o.as<float>(),
+                                                      lse.as<float>(), dout_in.data(), dq.as<float>(), dk.as<float>(),
+                                                      dv.as<float>(), attention.last_forward()),
+                                   attention);
     (timed ? bwd : ignored).add(comm, g);
   }
 
   ScalingPoint pt;
   pt.ranks = P;
   pt.ulysses = ulysses;
+  pt.nodes = session->nodes().nodes();  // the point's ranks may span fewer nodes than the job's
   pt.seq_len = L;
   if (b.check) {
     const bool host = backend->memory() == comm::MemorySpace::host;
@@ -285,11 +300,11 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
 
   int64_t pairs = count_visible_pairs(mask.view(), layout.runs(rank), L);
   uint64_t rss = point_peak_rss(was_reset);
-  comm.allreduce(&pairs, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&needed, 1, comm::DataType::i64, comm::ReduceOp::sum);
-  comm.allreduce(&a2a_bytes, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&pairs, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&needed, 1, DType::i64, comm::ReduceOp::sum);
+  comm.allreduce(&a2a_bytes, 1, DType::i64, comm::ReduceOp::sum);
   pt.a2a_bytes_sent = a2a_bytes;
-  comm.allreduce(&rss, 1, comm::DataType::i64, comm::ReduceOp::max);
+  comm.allreduce(&rss, 1, DType::i64, comm::ReduceOp::max);
   pt.flops_forward = 4.0 * double(B * H * D) * double(pairs);
   pt.bytes_needed = needed;
   pt.peak_rss = rss;
@@ -340,12 +355,11 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   ScalingSetup setup;
   setup.weak = b.weak, setup.backward = b.backward, setup.ranks = b.ranks;
   setup.job_ranks = world.size(), setup.hardware_threads = ctx.hardware_threads, setup.threads = b.threads;
-  setup.nodes = ctx.local_rank == 0;
-  world.allreduce(&setup.nodes, 1, comm::DataType::i32, comm::ReduceOp::sum);
+  setup.nodes = ctx.nodes;
   setup.seq_len = b.opt.seq_len, setup.tokens_per_rank = b.opt.tokens_per_rank;
   setup.batch = b.dims.batch, setup.heads = b.dims.heads, setup.kv_heads = b.dims.kv_heads;
   setup.head_dim = b.dims.head_dim;
-  setup.mask = b.masks.front().describe(), setup.mask_options = b.opt.mask;
+  setup.mask = api::build_mask(b.specs.front(), b.seq_len(b.ranks.front())).describe(), setup.mask_options = b.opt.mask;
   setup.layout = layout_name(b.layout), setup.schedule = schedule_name(b.schedule), setup.dtype = dtype_name(b.dtype);
   setup.backend = b.execution.backend, setup.comm = b.execution.comm;
   char host[256] = "?";
@@ -368,7 +382,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
       ScalingPoint pt;
       if (sub) {
         try {
-          pt = run_point(*sub, b, i, U);
+          pt = run_point(*sub, b, i, U, ctx.seam);
         } catch (const std::exception& e) {
           // Ranks of the point may be blocked in a transfer, and those outside it wait at the
           // barrier below: end them all (a failure the point's ranks agreed on is reported already).
@@ -386,7 +400,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   }
   int wrong = 0;
   for (const ScalingPoint& p : points) wrong += p.wrong;
-  world.allreduce(&wrong, 1, comm::DataType::i32, comm::ReduceOp::max);  // rank 0 was in every point
+  world.allreduce(&wrong, 1, DType::i32, comm::ReduceOp::max);  // rank 0 was in every point
 
   if (world.rank() == 0) print_scaling_footer(points, setup);
   agreed_phase(world, [&] {

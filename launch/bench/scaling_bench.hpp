@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 

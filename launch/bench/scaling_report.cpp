@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "launch/summary.hpp"
+#include "launch/cli/summary.hpp"
 
 namespace ringattn {
 
@@ -19,7 +19,7 @@ void point_fields(const ScalingPoint& p, const ScalingSetup& s, Visit&& visit) {
   r.gflops_per_rank = rate_per_rank(p.flops_forward, p.forward_s, p.ranks);
   if (s.backward) r.backward_s = p.backward_s;
   r.comm_bytes_sent = p.bytes_sent, r.comm_bytes_needed = p.bytes_needed;
-  r.exposed_comm_fraction = p.exposed_forward, r.peak_rss_bytes = p.peak_rss;
+  r.exposed_comm_fraction = p.exposed_forward, r.nodes = p.nodes, r.peak_rss_bytes = p.peak_rss;
   if (p.checked) r.max_abs_err = p.max_abs_err;
   visit_summary(r, visit);
   visit("efficiency", Json(p.efficiency));

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "launch/json.hpp"
-#include "launch/mask_options.hpp"
+#include "launch/cli/json.hpp"
+#include "launch/cli/mask_options.hpp"
 
 namespace ringattn {
 
@@ -16,6 +16,7 @@ namespace ringattn {
 struct ScalingPoint {
   int ranks = 1;
   int ulysses = 1;  // --ulysses: all-to-all inside groups of this many ranks, the ring across
+  int nodes = 1;    // the nodes its ranks span
   int64_t seq_len = 0;
   double flops_forward = 0.0;  // counted (SPEC.md), all ranks
   // Per pass: the median over iterations of the slowest rank's time, its 95th percentile, and

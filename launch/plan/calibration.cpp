@@ -64,11 +64,14 @@ Features features_of(const PassCounts& c, bool backward) {
 
 ClusterSpec machine_for(const ClusterSpec& machine, const MeasuredPoint& p) {
   ClusterSpec c = machine;
-  c.ranks_per_node = std::max(1, p.ranks);
+  const int nodes = std::clamp(p.nodes, 1, std::max(1, p.ranks));
+  c.ranks_per_node = (p.ranks + nodes - 1) / nodes;
   if (p.emulated) {  // a transfer completes when both the emulated link and the transport are done
-    const double own = machine.intra.gbps, emulated = p.link.gbps;  // 0 = unlimited
-    c.intra.gbps = own > 0 && emulated > 0 ? std::min(own, emulated) : std::max(own, emulated);
-    c.intra.latency_us = std::max(machine.intra.latency_us, p.link.latency_us);
+    for (LinkSpec* own : {&c.intra, &c.inter}) {
+      const double emulated = p.link.gbps;  // 0 = unlimited
+      own->gbps = own->gbps > 0 && emulated > 0 ? std::min(own->gbps, emulated) : std::max(own->gbps, emulated);
+      own->latency_us = std::max(own->latency_us, p.link.latency_us);
+    }
   }
   return c;
 }

@@ -24,6 +24,7 @@ struct MeasuredPoint {
   Workload workload;
   Mask mask;
   int ranks = 1;
+  int nodes = 1;          // the nodes its ranks spanned, ranks / nodes on each: between them the machine's inter link
   bool emulated = false;  // run with link emulation over `link` (and the machine's own transport)
   LinkSpec link;
   // Medians over iterations: the slowest rank's time, and means over ranks of each rank's own
@@ -61,8 +62,10 @@ struct Comparison {
 // The machine's predictions for the points, each with its own link (emulated, or machine.intra).
 std::vector<Comparison> compare(const std::vector<MeasuredPoint>& points, const ClusterSpec& machine);
 
-// `machine` with every rank of the point on one node; an emulated point's link is the slower of
-// the emulated link and the machine's own (a transfer completes when both are done).
+// `machine` with the point's ranks on its nodes (consecutive ranks on a node, as mpirun places them
+// by default: intra link inside, inter between; one node unless the point spanned several); an
+// emulated point's links are the slower of the emulated link and the machine's own (a transfer
+// completes when both are done).
 ClusterSpec machine_for(const ClusterSpec& machine, const MeasuredPoint& p);
 
 // The machine as the point's own run saw it (`plan --calibrate --same-run`): machine_for, with

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "launch/statistics.hpp"
+#include "launch/cli/statistics.hpp"
 
 namespace ringattn {
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "launch/json.hpp"
+#include "launch/cli/json.hpp"
 #include "kernels/mask/mask.hpp"
 #include "launch/plan/hybrid_model.hpp"
 

@@ -8,11 +8,11 @@
 #include <optional>
 #include <sstream>
 
-#include "launch/job_control.hpp"
-#include "launch/json.hpp"
+#include "launch/cli/job_control.hpp"
+#include "launch/cli/json.hpp"
 #include "runtime/io/json_reader.hpp"
-#include "launch/mask_options.hpp"
-#include "launch/options_util.hpp"
+#include "launch/cli/mask_options.hpp"
+#include "launch/cli/options_util.hpp"
 #include "launch/plan/plan_report.hpp"
 #include "launch/plan/calibration.hpp"
 #include "launch/plan/hybrid_report.hpp"
@@ -51,6 +51,7 @@ struct PlanOptions {
   double tolerance = 0.15;
   bool check = false, same_run = false;
   double machine_bandwidth = 0.0, machine_latency = 0.0;
+  double machine_inter_bandwidth = 0.0, machine_inter_latency = 0.0;  // between the nodes of multi-node points
   std::string ulysses;  // hybrid degrees to compare ("auto": 1, 2, 4, ...)
 };
 
@@ -130,6 +131,11 @@ po::options_description describe(PlanOptions& o, ClusterFlags& f) {
        "the machine's own link between ranks, bandwidth (0 = unlimited; default: fitted with the latency)")
       ("machine-link-latency", po::value(&o.machine_latency)->default_value(0.0)->value_name("US"),
        "its latency (default: both fitted to the points run without emulation)")
+      ("machine-inter-bandwidth", po::value(&o.machine_inter_bandwidth)->default_value(0.0)->value_name("GBPS"),
+       "points that spanned several nodes (their JSON's nodes): a node's link to the others, bandwidth per "
+       "direction (0 = unlimited; the cluster in a box: its --rate's TCP payload rate)")
+      ("machine-inter-latency", po::value(&o.machine_inter_latency)->default_value(0.0)->value_name("US"),
+       "its latency")
       ("save-calibration", po::value(&o.save_calibration)->value_name("FILE.json"), "write the fitted machine (a --cluster file)")
       ("json", po::value(&o.json)->value_name("FILE"), "write predictions (and the calibration) as JSON");
   po::options_description all("ringattn plan options");
@@ -155,7 +161,7 @@ double positive_or(const JsonValue& j, const char* key, double fallback, const s
   const JsonValue* v = j.find(key);
   if (!v) return fallback;
   if (!v->is_number() || v->number() < 0)
-    throw UsageError(std::string("--cluster ") + path + ": \"" + key + "\" must be a non-negative number");
+    throw usage_error(std::string("--cluster ") + path + ": \"" + key + "\" must be a non-negative number");
   return v->number();
 }
 
@@ -163,7 +169,7 @@ ClusterSpec load_cluster(const PlanOptions& o, const ClusterFlags& f, const po::
   ClusterSpec c = default_cluster();
   if (!o.cluster.empty()) {
     const JsonValue j = read_json_file(o.cluster, "--cluster");
-    if (!j.is_object()) throw UsageError("--cluster " + o.cluster + ": expected a JSON object");
+    if (!j.is_object()) throw usage_error("--cluster " + o.cluster + ": expected a JSON object");
     ClusterSpec d;
     d.name = j.string_or("name", o.cluster);
     d.ranks_per_node = static_cast<int>(positive_or(j, "ranks_per_node", 1, o.cluster));
@@ -184,7 +190,7 @@ ClusterSpec load_cluster(const PlanOptions& o, const ClusterFlags& f, const po::
   if (given(vm, "inter-bandwidth")) c.inter.gbps = f.inter_gbps;
   if (given(vm, "inter-links")) c.inter_links = f.inter_links;
   if (given(vm, "inter-latency")) c.inter.latency_us = f.inter_us;
-  if (given(vm, "tflops") && given(vm, "gflops")) throw UsageError("--tflops and --gflops give the same rate: use one");
+  if (given(vm, "tflops") && given(vm, "gflops")) throw usage_error("--tflops and --gflops give the same rate: use one");
   if (given(vm, "tflops")) c.forward_gflops = f.tflops * 1e3;
   if (given(vm, "gflops")) c.forward_gflops = f.gflops;
   if (given(vm, "backward-tflops")) c.backward_gflops = f.backward_tflops * 1e3;
@@ -195,11 +201,11 @@ ClusterSpec load_cluster(const PlanOptions& o, const ClusterFlags& f, const po::
   if (given(vm, "host-copy-bandwidth")) c.host_copy_gbps = f.host_gbps;
   if (given(vm, "memory-gib")) c.memory_gib = f.memory_gib;
   if (c.backward_gflops <= 0) c.backward_gflops = 0.8 * c.forward_gflops;
-  if (c.ranks_per_node < 1 || c.inter_links < 1) throw UsageError("--ranks-per-node and --inter-links must be at least 1");
-  if (c.forward_gflops <= 0) throw UsageError("the cluster needs a kernel rate: --tflops or --gflops (or forward_tflops in --cluster)");
+  if (c.ranks_per_node < 1 || c.inter_links < 1) throw usage_error("--ranks-per-node and --inter-links must be at least 1");
+  if (c.forward_gflops <= 0) throw usage_error("the cluster needs a kernel rate: --tflops or --gflops (or forward_tflops in --cluster)");
   if (c.intra.gbps < 0 || c.inter.gbps < 0 || c.intra.latency_us < 0 || c.inter.latency_us < 0 ||
       c.step_overhead_us < 0 || c.message_overhead_us < 0 || c.host_copy_gbps < 0 || c.memory_gib < 0)
-    throw UsageError("cluster bandwidths, latencies, overheads and memory must not be negative");
+    throw usage_error("cluster bandwidths, latencies, overheads and memory must not be negative");
   return c;
 }
 
@@ -224,7 +230,7 @@ Json cluster_json(const ClusterSpec& c) {
 int64_t dtype_bytes_of(const std::string& name, const std::string& where) {
   if (name == "fp32") return 4;
   if (name == "bf16") return 2;
-  throw UsageError(where + ": dtype " + name + ": expected fp32 or bf16");
+  throw usage_error(where + ": dtype " + name + ": expected fp32 or bf16");
 }
 
 // The points of `ringattn bench --json` files, each with its mask rebuilt and its link.
@@ -236,7 +242,7 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
     const JsonValue* config = doc.find("config");
     const JsonValue* points = doc.find("points");
     if (!config || !config->is_object() || !points || !points->is_array())
-      throw UsageError("--calibrate " + path + ": expected {\"config\": {...}, \"points\": [...]} from ringattn bench --json");
+      throw usage_error("--calibrate " + path + ": expected {\"config\": {...}, \"points\": [...]} from ringattn bench --json");
     const JsonValue* m = config->find("mask_options");
     MaskOptions mo;
     if (m) {
@@ -256,6 +262,8 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
       MeasuredPoint mp;
       mp.label = path + "#" + std::to_string(i);
       mp.ranks = static_cast<int>(p.number_or("ranks", 0));
+      mp.nodes = std::max(1, static_cast<int>(p.number_or("nodes", 1)));  // older files: one node
+      const int point_nodes = p.find("nodes") ? mp.nodes : nodes;
       Workload& w = mp.workload;
       w.batch = static_cast<int64_t>(p.number_or("batch", 1));
       w.seq_len = static_cast<int64_t>(p.number_or("seq_len", 0));
@@ -267,18 +275,18 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
       w.schedule = parse_schedule(p.string_or("schedule", "direct"));
       w.backward = p.number_or("backward_s", 0.0) > 0;
       if (mp.ranks < 1 || w.seq_len < mp.ranks)
-        throw UsageError("--calibrate " + mp.label + ": needs ranks and seq_len (a ringattn bench --json point)");
+        throw usage_error("--calibrate " + mp.label + ": needs ranks and seq_len (a ringattn bench --json point)");
       const int t = static_cast<int>(p.number_or("threads", 1));
       if (*threads == 0) *threads = t;
       if (t != *threads)
-        throw UsageError("--calibrate " + mp.label + ": ran " + std::to_string(t) + " threads per rank, others " +
+        throw usage_error("--calibrate " + mp.label + ": ran " + std::to_string(t) + " threads per rank, others " +
                          std::to_string(*threads) + ": calibrate one thread count at a time");
-      if (!keep_oversubscribed && hardware > 0 && (mp.ranks + nodes - 1) / nodes * t > hardware) {
+      if (!keep_oversubscribed && hardware > 0 && (mp.ranks + point_nodes - 1) / point_nodes * t > hardware) {
         skipped.push_back(mp.label + " (" + std::to_string(mp.ranks) + " ranks x " + std::to_string(t) +
                           " threads oversubscribe " + std::to_string(hardware) + " hardware threads)");
         continue;
       }
-      mp.mask = build_mask(mo, w.seq_len, static_cast<uint64_t>(config->number_or("seed", 0)));
+      mp.mask = mask_from_options(mo, w.seq_len, static_cast<uint64_t>(config->number_or("seed", 0)));
       mp.emulated = emulated_gbps > 0 || emulated_us > 0;
       mp.link = LinkSpec{emulated_gbps, emulated_us};
       mp.forward_s = p.number_or("forward_s", 0.0);
@@ -299,12 +307,12 @@ std::vector<MeasuredPoint> load_points(const std::string& files, int* threads, s
 
 // Everything rank 0 does: returns the exit code.
 int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& vm) {
-  if (o.tolerance <= 0) throw UsageError("--tolerance must be positive");
-  if (!o.validate.empty() && o.calibrate.empty()) throw UsageError("--validate needs --calibrate");
+  if (o.tolerance <= 0) throw usage_error("--tolerance must be positive");
+  if (!o.validate.empty() && o.calibrate.empty()) throw usage_error("--validate needs --calibrate");
   if ((o.check || !o.save_calibration.empty() || o.same_run) && o.calibrate.empty())
-    throw UsageError("--check, --same-run and --save-calibration need --calibrate");
+    throw usage_error("--check, --same-run and --save-calibration need --calibrate");
   if (o.same_run && (!o.validate.empty() || !o.save_calibration.empty()))
-    throw UsageError("--same-run fits nothing: it takes neither --validate nor --save-calibration");
+    throw usage_error("--same-run fits nothing: it takes neither --validate nor --save-calibration");
   Json out = Json::object();
 
   // Calibration on this machine, and the comparison with what was measured.
@@ -314,10 +322,12 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     int threads = 0;
     std::vector<std::string> skipped;
     const std::vector<MeasuredPoint> points = load_points(o.calibrate, &threads, skipped, true);
-    if (points.empty()) throw UsageError("--calibrate " + o.calibrate + ": no usable points");
-    Calibration own;  // no fit: each point's rates come from its run; the machine's link as given (default unlimited)
+    if (points.empty()) throw usage_error("--calibrate " + o.calibrate + ": no usable points");
+    // No fit: each point's rates come from its run; the machine's links as given (default unlimited).
+    Calibration own;
     own.machine.name = "each run's own kernel rates";
     own.machine.intra = {o.machine_bandwidth, o.machine_latency};
+    own.machine.inter = {o.machine_inter_bandwidth, o.machine_inter_latency};
     const std::vector<Comparison> rows = compare_same_run(points, own.machine);
     within = print_calibration(own, threads, rows, skipped, o.tolerance, true);
     out["calibration"] = calibration_json(own, rows, o.tolerance);
@@ -330,11 +340,12 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     std::erase_if(fit_points, [](const MeasuredPoint& p) { return p.ulysses > 1; });
     const std::vector<MeasuredPoint> check_points =
         o.validate.empty() ? all_points : load_points(o.validate, &threads, skipped);
-    if (fit_points.empty()) throw UsageError("--calibrate " + o.calibrate + ": no usable points");
+    if (fit_points.empty()) throw usage_error("--calibrate " + o.calibrate + ": no usable points");
     ClusterSpec start;
     start.name = "this machine (calibrated)";
     start.forward_gflops = start.backward_gflops = 100.0;
     start.intra = {o.machine_bandwidth, o.machine_latency};
+    start.inter = {o.machine_inter_bandwidth, o.machine_inter_latency};
     const Calibration cal =
         calibrate(fit_points, start, !given(vm, "machine-link-latency") && !given(vm, "machine-link-bandwidth"));
     machine = cal.machine;
@@ -366,26 +377,26 @@ int plan(const PlanOptions& o, const ClusterFlags& f, const po::variables_map& v
     w.dtype_bytes = dtype_bytes_of(o.dtype, "--dtype");
     w.backward = !o.forward_only;
     if (w.batch < 1 || w.seq_len < 1 || w.heads < 1 || w.kv_heads < 1 || w.head_dim < 1 || w.heads % w.kv_heads)
-      throw UsageError("batch, seq-len, heads, head-dim must be positive and --kv-heads must divide --heads");
-    const Mask mask = build_mask(o.mask, w.seq_len, o.seed);
+      throw usage_error("batch, seq-len, heads, head-dim must be positive and --kv-heads must divide --heads");
+    const Mask mask = mask_from_options(o.mask, w.seq_len, o.seed);
     dump_block_mask(o.mask, mask);
     std::vector<int> ranks;
     for (int64_t P : parse_int_list(o.ranks, "--ranks")) {
-      if (P < 1 || P > w.seq_len) throw UsageError("--ranks: " + std::to_string(P) + " must be between 1 and --seq-len");
+      if (P < 1 || P > w.seq_len) throw usage_error("--ranks: " + std::to_string(P) + " must be between 1 and --seq-len");
       ranks.push_back(static_cast<int>(P));
     }
     std::vector<LayoutKind> layouts;
     for (const std::string& name : split_list(o.layouts)) layouts.push_back(parse_layout(name));
     std::vector<Schedule> schedules;
     for (const std::string& name : split_list(o.schedules)) schedules.push_back(parse_schedule(name));
-    if (layouts.empty() || schedules.empty()) throw UsageError("--layouts and --schedules need at least one entry");
+    if (layouts.empty() || schedules.empty()) throw usage_error("--layouts and --schedules need at least one entry");
     out["cluster"] = cluster_json(cluster);
     out["projection"] = print_projection(cluster, w, mask, ranks, layouts, schedules);
     if (!o.ulysses.empty()) {
       std::vector<int> degrees;
       if (o.ulysses != "auto")
         for (int64_t U : parse_int_list(o.ulysses, "--ulysses")) {
-          if (U < 1) throw UsageError("--ulysses " + o.ulysses + ": degrees must be at least 1");
+          if (U < 1) throw usage_error("--ulysses " + o.ulysses + ": degrees must be at least 1");
           degrees.push_back(static_cast<int>(U));
         }
       // The hybrid's ring: the one layout given, else zigzag for causal masks (balanced), else contiguous.

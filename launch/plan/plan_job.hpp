@@ -6,7 +6,7 @@
 // points of this machine and compares its predictions with every measured time.
 #pragma once
 
-#include "launch/context.hpp"
+#include "launch/cli/context.hpp"
 
 namespace ringattn {
 

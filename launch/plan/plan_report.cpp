@@ -139,16 +139,18 @@ bool print_calibration(const Calibration& cal, int threads, const std::vector<Co
   const ClusterSpec& m = cal.machine;
   char host[32] = "free";
   if (m.host_copy_gbps > 0) std::snprintf(host, sizeof host, "%.3g GB/s", m.host_copy_gbps);
+  const bool nodes = std::any_of(rows.begin(), rows.end(), [](const Comparison& c) { return c.point->nodes > 1; });
+  const std::string between = nodes ? "; between nodes " + link_text(m.inter) : "";
   if (same_run)
     std::printf("# each point predicted with its own run's kernel rates (its time not blocked waiting), %d thread%s per\n"
-                "#   rank; the machine's own link %s; U > 1: the hybrid, its intra-group link in brackets\n",
-                threads, threads > 1 ? "s" : "", link_text(m.intra).c_str());
+                "#   rank; the machine's own link %s%s; U > 1: the hybrid, its intra-group link in brackets\n",
+                threads, threads > 1 ? "s" : "", link_text(m.intra).c_str(), between.c_str());
   else
     std::printf("# calibration: %d passes, %d thread%s per rank: forward %s, backward %s per rank; %.1f us per kernel call;\n"
                 "#   host copies %s; %.1f us per message posted; the machine's own link %s (rms residual of the fit %.1f%%)\n",
                 cal.points, threads, threads > 1 ? "s" : "", rate_text(m.forward_gflops).c_str(),
                 rate_text(m.backward_gflops).c_str(), m.step_overhead_us, host, m.message_overhead_us,
-                link_text(m.intra).c_str(), 100 * cal.rms_relative_residual);
+                (link_text(m.intra) + between).c_str(), 100 * cal.rms_relative_residual);
   for (const std::string& s : skipped) std::printf("# skipped: %s\n", s.c_str());
   std::printf("# %-24s %5s %2s %8s %-10s %-8s %-16s %9s %9s %7s %9s %9s %7s %7s %7s\n", "point", "ranks", "U", "seq_len",
               "layout", "schedule", "link", "fwd_ms", "pred_ms", "error", "bwd_ms", "pred_ms", "error", "exp_%", "pred_%");
@@ -156,6 +158,7 @@ bool print_calibration(const Calibration& cal, int threads, const std::vector<Co
   for (const Comparison& c : rows) {
     const MeasuredPoint& p = *c.point;
     char link[64] = "machine", bwd[3][16] = {"-", "-", "-"};
+    if (p.nodes > 1) std::snprintf(link, sizeof link, "%d nodes", p.nodes);
     if (p.emulated) std::snprintf(link, sizeof link, "%gGB/s,%gus", p.link.gbps, p.link.latency_us);
     if (p.ulysses > 1 && p.group_emulated)
       std::snprintf(link + std::strlen(link), sizeof link - std::strlen(link), "[%gGB/s,%gus]", p.group_link.gbps,
@@ -190,6 +193,7 @@ Json calibration_json(const Calibration& cal, const std::vector<Comparison>& row
     Json r = Json::object();
     r["point"] = p.label;
     r["ranks"] = p.ranks;
+    r["nodes"] = p.nodes;
     r["ulysses"] = p.ulysses;
     r["seq_len"] = p.workload.seq_len;
     r["layout"] = layout_name(p.workload.layout);

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/json.hpp"
+#include "launch/cli/json.hpp"
 #include "launch/plan/calibration.hpp"
 #include "launch/plan/cluster_model.hpp"
 

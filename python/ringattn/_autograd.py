@@ -1,24 +1,25 @@
-"""ringattn.attention as a torch.autograd.Function: forward keeps q, k, v, o (float32) and lse;
-backward runs the compiled backward through the same ring (same context, same cached plan).
-ringattn.unshard likewise: its backward is this rank's rows of the gradient."""
+"""ringattn.attention as a torch.autograd.Function: forward keeps q, k, v, o (float32), lse and
+the handle to what the ring kept; backward runs the compiled backward through the same ring (same
+context, same cached plan). ringattn.unshard likewise: its backward is this rank's rows of the
+gradient."""
 import torch
 
-from . import _cuda_stream, _torch_forward, _unshard, shard
+from ._core import cuda_stream, shard, torch_forward, unshard_rows
 
 
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(fctx, q, k, v, ctx, shard_, spec):
-        o, lse, qc, kc, vc, o32 = _torch_forward(ctx, shard_, spec, q, k, v)
+        o, lse, qc, kc, vc, o32, saved = torch_forward(ctx, shard_, spec, q, k, v)
         fctx.save_for_backward(qc, kc, vc, o32, lse)
-        fctx.ring = (ctx, shard_, spec)
+        fctx.ring = (ctx, shard_, spec, saved)
         fctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(fctx, dout, _dlse):
         q, k, v, o32, lse = fctx.saved_tensors
-        ctx, shard_, spec = fctx.ring
+        ctx, shard_, spec, saved = fctx.ring
         if dout is None:
             dout = torch.zeros_like(q)
         dout = dout.to(q.dtype).contiguous()
@@ -26,7 +27,7 @@ class RingAttentionFunction(torch.autograd.Function):
         dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
         dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
         ctx.backward(shard_, spec, q.data_ptr(), k.data_ptr(), v.data_ptr(), o32.data_ptr(), lse.data_ptr(),
-                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _cuda_stream(q))
+                     dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), cuda_stream(q), saved)
         if q.dtype != torch.float32:
             dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
         return dq, dk, dv, None, None, None
@@ -38,7 +39,7 @@ class UnshardFunction(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x_local, dim, layout, causal, comm, ulysses):
         fctx.sharding = (dim, layout, causal, comm, ulysses)
-        return _unshard(x_local, dim, layout, causal, comm, ulysses)
+        return unshard_rows(x_local, dim, layout, causal, comm, ulysses)
 
     @staticmethod
     def backward(fctx, grad):

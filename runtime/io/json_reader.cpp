@@ -47,7 +47,7 @@ class JsonParser {
   [[noreturn]] void fail(const std::string& what) const {
     int line = 1;
     for (size_t i = 0; i < at_ && i < s_.size(); ++i) line += s_[i] == '\n';
-    throw UsageError(where_ + ": invalid JSON at line " + std::to_string(line) + ": " + what);
+    throw usage_error(where_ + ": invalid JSON at line " + std::to_string(line) + ": " + what);
   }
   void skip_space() {
     while (at_ < s_.size() && std::strchr(" \t\r\n", s_[at_])) ++at_;
@@ -163,7 +163,7 @@ JsonValue parse_json(const std::string& text, const std::string& label, const st
 
 JsonValue read_json_file(const std::string& path, const std::string& label) {
   std::ifstream in(path);
-  if (!in) throw UsageError(label + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  if (!in) throw usage_error(label + " " + path + ": cannot open (" + std::strerror(errno) + ")");
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_json(ss.str(), label, path);

@@ -1,6 +1,6 @@
 // Reading small JSON documents: the files the launch commands take (benchmark results of `ringattn plan
 // --calibrate`, `--cluster`), HF config.json and PEFT adapter_config.json, safetensors headers. The writer
-// is launch/json.hpp.
+// is launch/cli/json.hpp.
 #pragma once
 
 #include <string>
@@ -42,9 +42,9 @@ class JsonValue {
   std::vector<std::pair<std::string, JsonValue>> members_;
 };
 
-// Parses a whole document; throws UsageError "<label> <path>: invalid JSON at line N: ...".
+// Parses a whole document; throws ArgumentError "<label> <path>: invalid JSON at line N: ...".
 JsonValue parse_json(const std::string& text, const std::string& label, const std::string& path);
-// Reads and parses a file; throws UsageError naming `label` and the file.
+// Reads and parses a file; throws ArgumentError naming `label` and the file.
 JsonValue read_json_file(const std::string& path, const std::string& label);
 
 }  // namespace ringattn

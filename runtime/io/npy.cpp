@@ -38,21 +38,6 @@ std::string where_of(const std::string& label, const std::string& path) {
   return (label.empty() ? path : label + " " + path) + ": ";
 }
 
-std::string format_shape(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
-std::string human_bytes(double n) {
-  static const char* units[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB"};
-  int u = 0;
-  while (n >= 1000 && u < 6) n /= 1000, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.3g %s" : "%.0f %s", n, units[u]);
-  return buf;
-}
-
 int64_t byte_count(const std::vector<int64_t>& shape, int64_t word_size) {
   int64_t bytes = word_size;
   bool empty = false;
@@ -89,14 +74,14 @@ int open_input(const std::string& path, int64_t* size, const std::string& where)
   if (fd < 0) {
     const int e = errno;
     const std::string msg = where + "cannot open: " + std::strerror(e);
-    if (is_usage_errno(e)) throw UsageError(msg);
-    throw RuntimeFault(msg);
+    if (is_usage_errno(e)) throw usage_error(msg);
+    throw Fault(msg);
   }
   FileHandle guard(fd);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw RuntimeFault(where + "cannot stat: " + std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) throw UsageError(where + "is a directory, not a .npy file");
-  if (!S_ISREG(st.st_mode)) throw UsageError(where + "is not a regular file");
+  if (::fstat(fd, &st) != 0) throw Fault(where + "cannot stat: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw usage_error(where + "is a directory, not a .npy file");
+  if (!S_ISREG(st.st_mode)) throw usage_error(where + "is not a regular file");
   *size = st.st_size;
   guard.fd = -1;
   return fd;
@@ -108,10 +93,10 @@ void pread_all(int fd, void* buffer, int64_t bytes, int64_t offset, const std::s
     const ssize_t got = ::pread(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)), offset);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0)
-      throw RuntimeFault(where + "read of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+      throw Fault(where + "read of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                          " failed: " + std::strerror(errno));
     if (got == 0)
-      throw RuntimeFault(where + "the file ends at byte " + std::to_string(offset) +
+      throw Fault(where + "the file ends at byte " + std::to_string(offset) +
                          ", before the data its header claims (was it truncated while the job ran?)");
     p += got, offset += got, bytes -= got;
   }
@@ -123,7 +108,7 @@ void pwrite_all(int fd, const void* buffer, int64_t bytes, int64_t offset, const
     const ssize_t put = ::pwrite(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)), offset);
     if (put < 0 && errno == EINTR) continue;
     if (put <= 0)
-      throw RuntimeFault(where + "write of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+      throw Fault(where + "write of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                          " failed: " + (put < 0 ? std::strerror(errno) : "nothing written (disk full?)"));
     p += put, offset += put, bytes -= put;
   }
@@ -164,14 +149,14 @@ const DTypeInfo& parse_descr(const std::string& descr, const std::string& where)
   for (const DTypeInfo& d : kDTypes)
     if (d.descr.substr(1) == code) t = &d;
   if (!t)
-    throw UsageError(where + "unsupported dtype '" + descr +
+    throw usage_error(where + "unsupported dtype '" + descr +
                      "' (float32 '<f4' is expected for tensors, '<f8' and '<f2' are converted; "
                      "int64 '<i8' or int32 '<i4' for lengths; uint8 '|u1' or bool '|b1' for masks)");
   if (t->word_size == 1 || order == '<') return *t;
   if (order == '>')
-    throw UsageError(where + "big-endian data ('" + descr + "') is not supported: save it little-endian, e.g. " +
+    throw usage_error(where + "big-endian data ('" + descr + "') is not supported: save it little-endian, e.g. " +
                      "np.save(path, a.astype('<" + code + "'))");
-  throw UsageError(where + "dtype '" + descr + "' does not say little-endian ('<" + code + "')");
+  throw usage_error(where + "dtype '" + descr + "' does not say little-endian ('<" + code + "')");
 }
 
 // --- the header dict ------------------------------------------------------------------------
@@ -198,7 +183,7 @@ class HeaderDict {
       skip_space();
       if (key == "descr") {
         once(seen_descr, key);
-        if (peek() == '[') throw UsageError(where_ + "structured dtypes (a list as 'descr') are not supported");
+        if (peek() == '[') throw usage_error(where_ + "structured dtypes (a list as 'descr') are not supported");
         descr = string_literal("a quoted dtype");
       } else if (key == "fortran_order") {
         once(seen_order, key);
@@ -239,7 +224,7 @@ class HeaderDict {
     seen = true;
   }
   [[noreturn]] void fail_plain(const std::string& what) const {
-    throw UsageError(where_ + "corrupt .npy header: " + what + " (header " + excerpt(s_) + ")");
+    throw usage_error(where_ + "corrupt .npy header: " + what + " (header " + excerpt(s_) + ")");
   }
   [[noreturn]] void fail(const std::string& what) const {
     fail_plain(what + " at byte " + std::to_string(i_) + " of the dict");
@@ -314,32 +299,32 @@ class HeaderDict {
 // Validates the fixed part of the file and returns where the header dict ends (= data offset).
 // `head` holds at least the first min(file_size, 12) bytes.
 int64_t header_end(std::string_view head, int64_t file_size, int64_t* preamble, const std::string& where) {
-  if (file_size == 0) throw UsageError(where + "not a .npy file (the file is empty)");
+  if (file_size == 0) throw usage_error(where + "not a .npy file (the file is empty)");
   const int64_t fixed = std::min<int64_t>(file_size, 12);
   if (static_cast<int64_t>(head.size()) < fixed)
-    throw UsageError(where + "truncated header: " + std::to_string(head.size()) + " of " + std::to_string(fixed) +
+    throw usage_error(where + "truncated header: " + std::to_string(head.size()) + " of " + std::to_string(fixed) +
                      " header bytes given");
   const size_t compared = std::min(kMagic.size(), head.size());
   if (head.substr(0, compared) != kMagic.substr(0, compared)) {
     const std::string hint = head.substr(0, 4) == "PK\x03\x04" ? ": a zip archive, perhaps a .npz" : "";
-    throw UsageError(where + "not a .npy file (bad magic: it starts with " + excerpt(head.substr(0, 8)) + hint + ")");
+    throw usage_error(where + "not a .npy file (bad magic: it starts with " + excerpt(head.substr(0, 8)) + hint + ")");
   }
   if (file_size < 8)
-    throw UsageError(where + "truncated header: the file has only " + std::to_string(file_size) + " bytes");
+    throw usage_error(where + "truncated header: the file has only " + std::to_string(file_size) + " bytes");
   const int major = static_cast<unsigned char>(head[6]), minor = static_cast<unsigned char>(head[7]);
   if (major < 1 || major > 3 || minor != 0)
-    throw UsageError(where + "unsupported .npy format version " + std::to_string(major) + "." +
+    throw usage_error(where + "unsupported .npy format version " + std::to_string(major) + "." +
                      std::to_string(minor) + " (1.0, 2.0 and 3.0 are read)");
   *preamble = major == 1 ? 10 : 12;
   if (file_size < *preamble)
-    throw UsageError(where + "truncated header: the file has only " + std::to_string(file_size) + " bytes");
+    throw usage_error(where + "truncated header: the file has only " + std::to_string(file_size) + " bytes");
   int64_t length = 0;
   for (int64_t b = *preamble - 1; b >= 8; --b) length = (length << 8) | static_cast<unsigned char>(head[b]);
   if (length > kMaxHeaderBytes)
-    throw UsageError(where + "corrupt .npy header: header length " + std::to_string(length) +
+    throw usage_error(where + "corrupt .npy header: header length " + std::to_string(length) +
                      " is implausibly large (more than 1 MiB)");
   if (*preamble + length > file_size)
-    throw UsageError(where + "truncated header: header length " + std::to_string(length) +
+    throw usage_error(where + "truncated header: header length " + std::to_string(length) +
                      " goes beyond the end of the file (" + std::to_string(file_size) + " bytes)");
   return *preamble + length;
 }
@@ -356,13 +341,13 @@ NpyInfo parse_npy_header(std::string_view head, int64_t file_size, const std::st
   int64_t preamble = 0;
   const int64_t end = header_end(head, file_size, &preamble, where);
   if (static_cast<int64_t>(head.size()) < end)
-    throw UsageError(where + "truncated header: " + std::to_string(head.size()) + " of " + std::to_string(end) +
+    throw usage_error(where + "truncated header: " + std::to_string(head.size()) + " of " + std::to_string(end) +
                      " header bytes given");
   HeaderDict dict(head.substr(static_cast<size_t>(preamble), static_cast<size_t>(end - preamble)), where);
   dict.parse();
   const DTypeInfo& type = parse_descr(dict.descr, where);
   if (dict.fortran_order)
-    throw UsageError(where + "Fortran order is not supported: save a C-ordered array (np.ascontiguousarray)");
+    throw usage_error(where + "Fortran order is not supported: save a C-ordered array (np.ascontiguousarray)");
 
   NpyInfo info;
   info.path = path;
@@ -375,9 +360,9 @@ NpyInfo parse_npy_header(std::string_view head, int64_t file_size, const std::st
   // so that no caller multiplying dimensions can overflow.
   const int64_t bytes = byte_count(info.shape, type.word_size);
   if (bytes < 0)
-    throw UsageError(where + "header claims shape " + format_shape(info.shape) + ", whose size overflows 64 bits");
+    throw usage_error(where + "header claims shape " + format_shape(info.shape) + ", whose size overflows 64 bits");
   if (bytes > file_size - end)
-    throw UsageError(where + "header claims shape " + format_shape(info.shape) + " " + std::string(type.name) +
+    throw usage_error(where + "header claims shape " + format_shape(info.shape) + " " + std::string(type.name) +
                      " = " + human_bytes(static_cast<double>(bytes)) + " of data but the file holds " +
                      std::to_string(file_size - end) + " bytes after its " + std::to_string(end) +
                      "-byte header (truncated data)");

@@ -3,7 +3,7 @@
 // that every rank fills with its own rows and that appears at its final path only when complete.
 //
 // Every message starts with the caller's label and the path ("--q /data/q.npy: ..."); bad input
-// throws UsageError (exit 2), an I/O failure at run time throws RuntimeFault (exit 4).
+// throws ArgumentError (exit 2), an I/O failure at run time throws Fault (exit 4).
 #pragma once
 
 #include <cstdint>
@@ -96,7 +96,7 @@ class NpyOutput {
   const std::vector<int64_t>& shape() const { return shape_; }
 
   // Writes this rank's rows (laid out as RowSelection says), one pwrite per run of consecutive
-  // positions; a short or failed write throws RuntimeFault.
+  // positions; a short or failed write throws Fault.
   void write_rows(const RowSelection& rows, const float* data);
   // Flushes this rank's writes to disk and closes the file. On shared file systems a full disk
   // or quota is often reported only here, so every rank calls it before the barrier.

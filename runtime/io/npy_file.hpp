@@ -10,15 +10,13 @@
 #include <vector>
 
 #include "runtime/io/npy.hpp"
+#include "util/dtype.hpp"
+#include "util/format.hpp"
 
 namespace ringattn::npy_internal {
 
 // "--q /data/q.npy: ", the start of every message about a file.
 std::string where_of(const std::string& label, const std::string& path);
-// As Python prints it: (), (5,), (2, 3).
-std::string format_shape(const std::vector<int64_t>& shape);
-// "4.1 TB", decimal units.
-std::string human_bytes(double bytes);
 // The data size of an array of this shape, or -1 when a dimension is negative or it overflows.
 int64_t byte_count(const std::vector<int64_t>& shape, int64_t word_size);
 // Errors of open() that mean the user named a file that cannot be used, as opposed to a fault.
@@ -42,9 +40,9 @@ struct FileHandle {
   ~FileHandle();
 };
 
-// Opens a regular file to read and gives its size; UsageError when it cannot be used.
+// Opens a regular file to read and gives its size; ArgumentError when it cannot be used.
 int open_input(const std::string& path, int64_t* size, const std::string& where);
-// Whole reads and writes at an offset, retried until done; RuntimeFault on failure.
+// Whole reads and writes at an offset, retried until done; Fault on failure.
 void pread_all(int fd, void* buffer, int64_t bytes, int64_t offset, const std::string& where);
 void pwrite_all(int fd, const void* buffer, int64_t bytes, int64_t offset, const std::string& where);
 // Calls fn(file_element, buffer_element, elements) for each maximal run of the selection that is
@@ -80,7 +78,6 @@ void for_each_run(const RowSelection& rows, int64_t file_elements, const std::st
 }
 
 // IEEE binary16 bits -> float (exact: every half is a float).
-float half_to_float(uint16_t h);
 // inspect_npy on an open file.
 NpyInfo inspect_open(int fd, int64_t file_size, const std::string& path, const std::string& label);
 

@@ -35,18 +35,6 @@ constexpr int64_t kBounceBytes = 1 << 20;  // conversion buffer for float64/floa
 
 }  // namespace
 
-float npy_internal::half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
-    const float f = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -f : f;
-  }
-  const uint32_t bits = exponent == 0x1f ? sign | 0x7f800000u | (mantissa << 13)  // inf, NaN
-                                         : sign | ((exponent + 112) << 23) | (mantissa << 13);
-  return std::bit_cast<float>(bits);
-}
-
 namespace {
 
 // Converts n elements of a float64 or float16 file; counts finite values that overflowed to inf.
@@ -62,7 +50,7 @@ void convert_to_float(std::string_view descr, const char* src, int64_t n, float*
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = half_to_float(h);
+      dst[i] = fp16_to_float(h);
     }
   }
 }
@@ -70,7 +58,7 @@ void convert_to_float(std::string_view descr, const char* src, int64_t n, float*
 void require_kind(const NpyInfo& info, std::initializer_list<std::string_view> accepted, const char* expected) {
   for (std::string_view d : accepted)
     if (info.descr == d) return;
-  throw UsageError(where_of(info.label, info.path) + "dtype " + std::string(dtype_name(info.descr)) + " ('" +
+  throw usage_error(where_of(info.label, info.path) + "dtype " + std::string(dtype_name(info.descr)) + " ('" +
                    info.descr + "') where " + expected + " is expected");
 }
 
@@ -93,7 +81,7 @@ void read_npy_rows(const NpyInfo& info, const RowSelection& rows, float* out, st
   int64_t size = 0;
   FileHandle file(open_input(info.path, &size, where));
   if (size < info.data_offset + info.bytes())
-    throw RuntimeFault(where + "the file shrank to " + std::to_string(size) + " bytes since it was inspected");
+    throw Fault(where + "the file shrank to " + std::to_string(size) + " bytes since it was inspected");
   const bool convert = info.descr != "<f4";
   std::vector<char> bounce;
   int64_t overflowed = 0;
@@ -194,7 +182,7 @@ NpyOutput NpyOutput::create_as(const std::string& descr, const std::string& path
   out.data_offset_ = static_cast<int64_t>(header.size());
   const int64_t total = out.data_offset_ + out.data_bytes_;
   if (const int rc = out.file_.write_header_and_reserve(header, total))
-    throw RuntimeFault(out.where() + "cannot reserve " + human_bytes(static_cast<double>(total)) + " (" +
+    throw Fault(out.where() + "cannot reserve " + human_bytes(static_cast<double>(total)) + " (" +
                        std::to_string(total) + " bytes): " + std::strerror(rc));
   return out;
 }
@@ -207,15 +195,15 @@ NpyOutput NpyOutput::open(const std::string& path, const std::string& temp_path,
   out.file_ = TempOutputFile::open(path, temp_path, label);
   // The ranks must agree on what they write; a header that differs is a fault between them.
   struct stat st {};
-  if (::fstat(out.file_.fd(), &st) != 0) throw RuntimeFault(out.where() + "cannot stat: " + std::strerror(errno));
+  if (::fstat(out.file_.fd(), &st) != 0) throw Fault(out.where() + "cannot stat: " + std::strerror(errno));
   NpyInfo info;
   try {
     info = inspect_open(out.file_.fd(), st.st_size, temp_path, label);
-  } catch (const UsageError& e) {
-    throw RuntimeFault(e.what());
+  } catch (const ArgumentError& e) {
+    throw Fault(e.what());
   }
   if (info.descr != "<f4" || info.shape != shape || st.st_size != info.data_offset + out.data_bytes_)
-    throw RuntimeFault(out.where() + "the temporary file holds " + info.descr + " " + format_shape(info.shape) + " in " +
+    throw Fault(out.where() + "the temporary file holds " + info.descr + " " + format_shape(info.shape) + " in " +
                        std::to_string(st.st_size) + " bytes, not <f4 " + format_shape(shape));
   out.data_offset_ = info.data_offset;
   return out;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/io/json_reader.hpp"
 #include "runtime/io/npy_file.hpp"
@@ -73,50 +73,50 @@ SafetensorsInfo parse_safetensors_header(std::string_view header, int64_t file_s
                                          const std::string& label) {
   const std::string where = where_of(label, path);
   const JsonValue root = parse_json(std::string(header), label, path);
-  if (!root.is_object()) throw UsageError(where + "the safetensors header is not a JSON object");
+  if (!root.is_object()) throw usage_error(where + "the safetensors header is not a JSON object");
   const int64_t data_start = 8 + static_cast<int64_t>(header.size());
   const int64_t data_size = file_size - data_start;
   SafetensorsInfo info;
   info.path = path, info.label = label;
   for (const auto& [name, value] : root.members()) {
     if (name == "__metadata__") {
-      if (!value.is_object()) throw UsageError(where + "__metadata__ must be an object of strings");
+      if (!value.is_object()) throw usage_error(where + "__metadata__ must be an object of strings");
       for (const auto& [key, text] : value.members()) {
-        if (!text.is_string()) throw UsageError(where + "__metadata__ \"" + key + "\" is not a string");
+        if (!text.is_string()) throw usage_error(where + "__metadata__ \"" + key + "\" is not a string");
         info.metadata.emplace_back(key, text.text());
       }
       continue;
     }
     const std::string what = where + "tensor \"" + name + "\": ";
-    if (info.find(name)) throw UsageError(what + "appears twice in the header");
-    if (!value.is_object()) throw UsageError(what + "its entry is not an object");
+    if (info.find(name)) throw usage_error(what + "appears twice in the header");
+    if (!value.is_object()) throw usage_error(what + "its entry is not an object");
     SafetensorsTensor t;
     t.name = name;
     const JsonValue* dtype = value.find("dtype");
     const JsonValue* shape = value.find("shape");
     const JsonValue* offsets = value.find("data_offsets");
     if (!dtype || !dtype->is_string() || dtype_size(dtype->text()) == 0)
-      throw UsageError(what + "missing or unknown dtype");
+      throw usage_error(what + "missing or unknown dtype");
     t.dtype = dtype->text();
-    if (!shape || !shape->is_array()) throw UsageError(what + "missing shape");
+    if (!shape || !shape->is_array()) throw usage_error(what + "missing shape");
     int64_t elements = 1;
     for (const JsonValue& d : shape->items()) {
       int64_t n = 0;
-      if (!as_count(d, &n)) throw UsageError(what + "a shape entry is not a non-negative integer");
-      if (__builtin_mul_overflow(elements, n, &elements)) throw UsageError(what + "shape too large");
+      if (!as_count(d, &n)) throw usage_error(what + "a shape entry is not a non-negative integer");
+      if (__builtin_mul_overflow(elements, n, &elements)) throw usage_error(what + "shape too large");
       t.shape.push_back(n);
     }
     int64_t begin = 0, end = 0, expected = 0;
     if (!offsets || !offsets->is_array() || offsets->items().size() != 2 || !as_count(offsets->items()[0], &begin) ||
         !as_count(offsets->items()[1], &end))
-      throw UsageError(what + "data_offsets must be [begin, end], two non-negative integers");
-    if (end < begin) throw UsageError(what + "data_offsets end before they begin");
+      throw usage_error(what + "data_offsets must be [begin, end], two non-negative integers");
+    if (end < begin) throw usage_error(what + "data_offsets end before they begin");
     if (end > data_size)
-      throw UsageError(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+      throw usage_error(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                        ") run past the end of the data (" + std::to_string(data_size) +
                        " bytes; is the file truncated?)");
     if (__builtin_mul_overflow(elements, dtype_size(t.dtype), &expected) || expected != end - begin)
-      throw UsageError(what + "holds " + std::to_string(end - begin) + " bytes, but shape " +
+      throw usage_error(what + "holds " + std::to_string(end - begin) + " bytes, but shape " +
                        format_shape(t.shape) + " of " + t.dtype + " needs " + std::to_string(expected));
     t.offset = data_start + begin;
     t.bytes = end - begin;
@@ -128,7 +128,7 @@ SafetensorsInfo parse_safetensors_header(std::string_view header, int64_t file_s
   for (size_t i = 1; i < info.tensors.size(); ++i) {
     const SafetensorsTensor &a = info.tensors[i - 1], &b = info.tensors[i];
     if (b.offset < a.offset + a.bytes)
-      throw UsageError(where + "tensors \"" + a.name + "\" and \"" + b.name + "\" overlap in the data");
+      throw usage_error(where + "tensors \"" + a.name + "\" and \"" + b.name + "\" overlap in the data");
   }
   return info;
 }
@@ -137,13 +137,13 @@ SafetensorsInfo inspect_safetensors(const std::string& path, const std::string& 
   const std::string where = where_of(label, path);
   int64_t size = 0;
   FileHandle file(open_input(path, &size, where));
-  if (size < 8) throw UsageError(where + "too short for a safetensors file (" + std::to_string(size) + " bytes)");
+  if (size < 8) throw usage_error(where + "too short for a safetensors file (" + std::to_string(size) + " bytes)");
   unsigned char prefix[8];
   pread_all(file.fd, prefix, 8, 0, where);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
   if (n > uint64_t(kMaxHeaderBytes) || int64_t(n) > size - 8)
-    throw UsageError(where + "header length " + std::to_string(n) + " does not fit the file (" +
+    throw usage_error(where + "header length " + std::to_string(n) + " does not fit the file (" +
                      std::to_string(size) + " bytes): not a safetensors file, or truncated");
   std::string header(static_cast<size_t>(n), '\0');
   pread_all(file.fd, header.data(), int64_t(n), 8, where);
@@ -154,10 +154,10 @@ const SafetensorsTensor& require_float_tensor(const SafetensorsInfo& file, const
                                               const std::vector<int64_t>& shape, const std::string& why) {
   const std::string what = where_of(file.label, file.path) + "tensor \"" + name + "\"";
   const SafetensorsTensor* t = file.find(name);
-  if (!t) throw UsageError(what + " is missing");
-  if (!is_float_dtype(t->dtype)) throw UsageError(what + ": dtype " + t->dtype + ", expected F32, F16 or BF16");
+  if (!t) throw usage_error(what + " is missing");
+  if (!is_float_dtype(t->dtype)) throw usage_error(what + ": dtype " + t->dtype + ", expected F32, F16 or BF16");
   if (t->shape != shape)
-    throw UsageError(what + ": shape " + format_shape(t->shape) + ", expected " + format_shape(shape) + why);
+    throw usage_error(what + ": shape " + format_shape(t->shape) + ", expected " + format_shape(shape) + why);
   return *t;
 }
 
@@ -165,10 +165,10 @@ void read_safetensors_rows(const SafetensorsInfo& file, const SafetensorsTensor&
                            float* out) {
   const std::string where = where_of(file.label, file.path) + "tensor \"" + tensor.name + "\": ";
   const int64_t word = dtype_size(tensor.dtype);
-  if (!is_float_dtype(tensor.dtype)) throw UsageError(where + "dtype " + tensor.dtype + " is not a float type");
+  if (!is_float_dtype(tensor.dtype)) throw usage_error(where + "dtype " + tensor.dtype + " is not a float type");
   int64_t size = 0;
   FileHandle fd(open_input(file.path, &size, where));
-  if (size < tensor.offset + tensor.bytes) throw UsageError(where + "the file shrank since its header was read");
+  if (size < tensor.offset + tensor.bytes) throw usage_error(where + "the file shrank since its header was read");
   std::vector<char> bounce;
   for_each_run(rows, tensor.elements(), where, [&](int64_t file_element, int64_t buffer_element, int64_t n) {
     float* dst = out + buffer_element;
@@ -185,7 +185,7 @@ void read_safetensors_rows(const SafetensorsInfo& file, const SafetensorsTensor&
       for (int64_t i = 0; i < m; ++i) {
         uint16_t h;
         std::memcpy(&h, bounce.data() + 2 * i, 2);
-        dst[done + i] = tensor.dtype == "F16" ? half_to_float(h) : bf16_to_float(h);
+        dst[done + i] = tensor.dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
       }
     }
   });

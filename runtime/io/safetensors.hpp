@@ -37,13 +37,13 @@ struct SafetensorsInfo {
 };
 
 // Validates the header text of a file of `file_size` bytes (header_size = the 8-byte length);
-// throws UsageError "<label> <path>: ..." naming the tensor at fault.
+// throws ArgumentError "<label> <path>: ..." naming the tensor at fault.
 SafetensorsInfo parse_safetensors_header(std::string_view header, int64_t file_size, const std::string& path,
                                          const std::string& label);
 // Opens and validates a file (reads only its header).
 SafetensorsInfo inspect_safetensors(const std::string& path, const std::string& label);
 
-// The tensor `name` of `file` with this shape and a float dtype; UsageError naming the file and
+// The tensor `name` of `file` with this shape and a float dtype; ArgumentError naming the file and
 // the tensor when it is missing, has another shape or a dtype we do not convert.
 const SafetensorsTensor& require_float_tensor(const SafetensorsInfo& file, const std::string& name,
                                               const std::vector<int64_t>& shape, const std::string& why = "");

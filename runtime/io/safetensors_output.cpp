@@ -28,7 +28,7 @@ SafetensorsOutput SafetensorsOutput::create(const std::string& path, const std::
   for (const SafetensorsEntry& t : tensors) out.total_bytes_ += 4 * elements_of(t);
   out.file_ = TempOutputFile::create(path, label);
   if (const int rc = out.file_.write_header_and_reserve(out.header_, out.total_bytes_))
-    throw RuntimeFault(out.file_.where() + "cannot reserve " + std::to_string(out.total_bytes_) +
+    throw Fault(out.file_.where() + "cannot reserve " + std::to_string(out.total_bytes_) +
                        " bytes: " + std::strerror(rc));
   return out;
 }
@@ -43,7 +43,7 @@ SafetensorsOutput SafetensorsOutput::open(const std::string& path, const std::st
   // The ranks must agree on what they write; another header is a fault between them.
   std::string header(out.header_.size(), '\0');
   pread_all(out.file_.fd(), header.data(), int64_t(header.size()), 0, out.file_.where());
-  if (header != out.header_) throw RuntimeFault(out.file_.where() + "the temporary file has another header");
+  if (header != out.header_) throw Fault(out.file_.where() + "the temporary file has another header");
   return out;
 }
 

@@ -20,7 +20,7 @@ namespace ringattn::npy_internal {
 TempOutputFile TempOutputFile::create(const std::string& path, const std::string& label) {
   const std::string where = where_of(label, path);
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw UsageError(where + "is a directory");
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw usage_error(where + "is a directory");
 
   TempOutputFile out;
   out.path_ = path;
@@ -36,8 +36,8 @@ TempOutputFile TempOutputFile::create(const std::string& path, const std::string
     const int e = errno;
     temp_files::forget(out.temp_path_);
     const std::string msg = where + "cannot create " + out.temp_path_ + ": " + std::strerror(e);
-    if (is_usage_errno(e)) throw UsageError(msg);
-    throw RuntimeFault(msg);
+    if (is_usage_errno(e)) throw usage_error(msg);
+    throw Fault(msg);
   }
   out.owner_ = true;  // from here on, a throw removes the temporary file
   return out;
@@ -50,7 +50,7 @@ TempOutputFile TempOutputFile::open(const std::string& path, const std::string& 
   out.label_ = label;
   out.fd_ = ::open(temp_path.c_str(), O_RDWR | O_CLOEXEC);
   if (out.fd_ < 0)
-    throw RuntimeFault(out.where() + "cannot open the temporary file another rank created: " + std::strerror(errno));
+    throw Fault(out.where() + "cannot open the temporary file another rank created: " + std::strerror(errno));
   return out;
 }
 
@@ -101,9 +101,9 @@ void TempOutputFile::finish() {
   if (::fsync(fd) != 0) {
     const int e = errno;
     ::close(fd);
-    throw RuntimeFault(where() + "flushing to disk failed: " + std::strerror(e));
+    throw Fault(where() + "flushing to disk failed: " + std::strerror(e));
   }
-  if (::close(fd) != 0 && errno != EINTR) throw RuntimeFault(where() + "closing failed: " + std::strerror(errno));
+  if (::close(fd) != 0 && errno != EINTR) throw Fault(where() + "closing failed: " + std::strerror(errno));
 }
 
 void TempOutputFile::commit() {
@@ -111,7 +111,7 @@ void TempOutputFile::commit() {
   try {
     finish();
     if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
-      throw RuntimeFault(where() + "cannot rename to the final path: " + std::strerror(errno));
+      throw Fault(where() + "cannot rename to the final path: " + std::strerror(errno));
   } catch (...) {
     discard();
     throw;

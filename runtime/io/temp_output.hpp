@@ -17,7 +17,7 @@ namespace ringattn::npy_internal {
 class TempOutputFile {
  public:
   TempOutputFile() = default;  // nothing open; the formats fill it through create() or open()
-  // Creates the temporary file (O_EXCL) next to `path`; a directory at `path` is a UsageError.
+  // Creates the temporary file (O_EXCL) next to `path`; a directory at `path` is a ArgumentError.
   static TempOutputFile create(const std::string& path, const std::string& label);
   // Opens the temporary file another rank created.
   static TempOutputFile open(const std::string& path, const std::string& temp_path, const std::string& label);

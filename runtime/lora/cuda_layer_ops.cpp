@@ -16,17 +16,17 @@ namespace ringattn {
 namespace {
 
 void check(cublasStatus_t s, const std::string& what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw RuntimeFault("cuBLAS: " + what + " failed: " + cublasGetStatusString(s));
+  if (s != CUBLAS_STATUS_SUCCESS) throw Fault("cuBLAS: " + what + " failed: " + cublasGetStatusString(s));
 }
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
-    throw RuntimeFault(std::string("LoRA layer on CUDA: ") + what + ": " + cudaGetErrorName(e) + " (" +
+    throw Fault(std::string("LoRA layer on CUDA: ") + what + ": " + cudaGetErrorName(e) + " (" +
                        cudaGetErrorString(e) + ")");
 }
 
 int blas_int(int64_t v, const char* what) {
-  if (v > INT_MAX) throw RuntimeFault(std::string("cuBLAS: ") + what + " " + std::to_string(v) + " exceeds int");
+  if (v > INT_MAX) throw Fault(std::string("cuBLAS: ") + what + " " + std::to_string(v) + " exceeds int");
   return static_cast<int>(v);
 }
 
@@ -88,7 +88,7 @@ class CudaLayerOps final : public LayerOps {
 
 std::unique_ptr<LayerOps> make_cuda_layer_ops(AttentionBackend& backend) {
   if (backend.memory() != comm::MemorySpace::device || !backend.native_stream())
-    throw RuntimeFault("the LoRA layer's CUDA operations need the CUDA backend");
+    throw Fault("the LoRA layer's CUDA operations need the CUDA backend");
   return std::make_unique<CudaLayerOps>(backend);
 }
 

@@ -20,7 +20,7 @@ std::vector<double> run_lora_demo(comm::Communicator& comm, LoraLayer& student, 
   const LayerConfig& config = student.config();
   for (bool on : config.lora)
     if (!on) throw std::invalid_argument("run_lora_demo: the student needs LoRA factors on every projection");
-  LoraLayer teacher(student.context(), config, student.layout(), student.mask());
+  LoraLayer teacher(student.session(), config, student.spec());
   const float s = config.scaling();
   for (int p = 0; p < kProjections; ++p) {
     const ProjectionShape& shape = config.shape(p);

@@ -6,9 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
 #include "runtime/api/arguments.hpp"
+#include "runtime/session.hpp"
 #include "runtime/errors.hpp"
 
 namespace ringattn {
@@ -43,42 +44,42 @@ ProjectionShape LayerConfig::shape(int p) const {
 
 void LayerConfig::validate(bool cpu_kernels) const {
   auto n = [](int64_t v) { return std::to_string(v); };
-  if (batch < 1 || seq_len < 1 || d_model < 1) throw UsageError("batch, sequence length and d_model must be positive");
-  if (heads < 1) throw UsageError("--heads " + n(heads) + ": must be positive");
-  if (kv_heads < 1) throw UsageError("--kv-heads " + n(kv_heads) + ": must be positive");
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"batch", batch}, {"seq_len", seq_len},
+                             {"d_model", d_model}, {"heads", heads}, {"kv_heads", kv_heads}})
+    if (value < 1) throw ArgumentError(name, "{" + std::string(name) + "} " + n(value) + " must be positive");
   if (d_model % heads != 0)
-    throw UsageError("--heads " + n(heads) + ": d_model " + n(d_model) + " is not divisible by the number of heads");
+    throw ArgumentError("heads", "{heads} " + n(heads) + " does not divide {d_model} " + n(d_model) +
+                                     " (the head dim is d_model / heads)");
   if (heads % kv_heads != 0)
-    throw UsageError("--kv-heads " + n(kv_heads) + ": must divide --heads " + n(heads) + " (grouped-query attention)");
+    throw ArgumentError("kv_heads", "{kv_heads} " + n(kv_heads) + " must divide {heads} " + n(heads) +
+                                        " (grouped-query attention)");
   if (cpu_kernels && !kernels::cpu_supports_head_dim(head_dim()))
-    throw UsageError("--heads " + n(heads) + ": head dim d_model / H = " + n(head_dim()) +
-                     " is not supported (a multiple of 16 up to 512)");
-  if (lora_rank < 0) throw UsageError("--lora-rank " + n(lora_rank) + ": must not be negative");
+    throw ArgumentError("heads", "{heads} " + n(heads) + " gives the head dim d_model / heads = " + n(head_dim()) +
+                                     ", which the CPU kernels do not support (a multiple of 16 up to 512)");
+  if (lora_rank < 0) throw ArgumentError("lora_rank", "{lora_rank} " + n(lora_rank) + " must not be negative");
   for (bool on : lora)
-    if (on && lora_rank == 0) throw UsageError("--lora-rank: LoRA factors need a positive rank");
-  if (!std::isfinite(lora_alpha)) throw UsageError("--lora-alpha: must be a finite number");
+    if (on && lora_rank == 0) throw ArgumentError("lora_rank", "{lora_rank} 0: LoRA factors need a positive rank");
+  if (!std::isfinite(lora_alpha)) throw ArgumentError("lora_alpha", "{lora_alpha} must be a finite number");
   rope.validate(head_dim(), true);  // the documents are the mask's: checked by LoraLayer
 }
 
-LoraLayer::LoraLayer(Context& attention, const LayerConfig& config, const ShardLayout& layout, const Mask& mask)
-    : attention_(attention),
-      backend_(attention.backend()),
-      comm_(attention.communicator()),
+LoraLayer::LoraLayer(Session& session, const LayerConfig& config, const AttentionSpec& spec)
+    : session_(session),
+      backend_(session.backend()),
+      comm_(session.transport()),
       config_(validated(config, backend_)),
-      layout_(layout),
-      mask_(mask),
-      spec_(api::attention_spec(mask, layout.kind(), config.schedule, 0.0, layout.ulysses())),
-      positions_(layout.positions(comm_.rank())),
+      spec_(spec),
+      shard_{config_.batch, 1, config_.heads, config_.kv_heads, config_.head_dim(), api::element_type_of(config_.dtype)},
+      // The plan is built now (collective; the arguments are checked on every rank alike), so
+      // that no pass allocates while transfers are in flight.
+      plan_(session.plan(shard_, spec_, config_.seq_len)),
       ops_(make_layer_ops(backend_, config.threads)) {
-  if (layout.seq_len() != config.seq_len || layout.ranks() != comm_.size())
-    throw std::invalid_argument("LoraLayer: the layout does not match the sequence length or the communicator");
-  if (config_.rope.per_document && !mask_.has_documents())
-    throw UsageError("--rope-per-document needs documents: --doc-lens");
-  shard_ = Shard{config_.batch, rows(), config_.heads, config_.kv_heads, config_.head_dim(),
-                 config_.dtype == DType::bf16 ? ElementType::bfloat16 : ElementType::float32};
+  if (config_.rope.per_document && !mask().has_documents())
+    throw ArgumentError("rope_per_document", "{rope_per_document} needs documents: {doc_lens}");
+  shard_.rows = rows();
   for (int p = 0; p < kProjections; ++p) projections_.emplace_back(config_.shape(p), comm_.size(), comm_.rank());
   rope_ = RopeTable(config_.rope, config_.head_dim(),
-                    rope_positions(positions_, mask_.doc_offsets(), config_.rope.per_document));
+                    rope_positions(positions(), mask().doc_offsets(), config_.rope.per_document));
   rotary_ = rope_.table();
   if (rope_.enabled() && backend_.memory() != comm::MemorySpace::host) {
     const size_t n = rope_.cos().size();
@@ -89,9 +90,6 @@ LoraLayer::LoraLayer(Context& attention, const LayerConfig& config, const ShardL
   }
   comm::Communicator* c = &comm_;
   ops_->set_progress([c] { c->progress(); });
-  // The ranks agree on the attention's shape now (a bad one fails here, on every rank), and the
-  // context builds its plan, so that no pass allocates while transfers are in flight.
-  attention_.check(shard_, spec_);
 }
 
 const void* LoraLayer::operand(const float* x, size_t n, const DeviceBuffer& storage) {
@@ -121,7 +119,7 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
                                                               projections_[static_cast<size_t>(p)].shape(), type);
     // The slot's last user (projection i - 2) is done, and a transport that writes from the host
     // (MPI through host memory) cannot overtake it.
-    const comm::Stopwatch compute;
+    const Stopwatch compute;
     backend_.synchronize();
     use_seconds += compute.seconds();
     gathers_[static_cast<size_t>(i % 2)].start(comm_, *ops_, projections_[static_cast<size_t>(p)],
@@ -136,12 +134,12 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
   finish(0);
   for (int i = 0; i < kProjections; ++i) {
     if (i + 1 < kProjections) start(i + 1);  // arrives while projection i computes
-    const comm::Stopwatch t;
+    const Stopwatch t;
     use(order[static_cast<size_t>(i)], gathered[static_cast<size_t>(i)]);
     use_seconds += t.seconds();
     if (i + 1 < kProjections) finish(i + 1);
   }
-  const comm::Stopwatch last;
+  const Stopwatch last;
   backend_.synchronize();  // the last projection's GEMMs, before their inputs go
   use_seconds += last.seconds();
   for (DeviceBuffer& slot : slots_) slot = DeviceBuffer();
@@ -150,7 +148,7 @@ void LoraLayer::run_projections(const std::array<int, kProjections>& order, Laye
 
 LayerPassStats LoraLayer::forward(const float* x, float* y) {
   LayerPassStats stats;
-  const comm::Stopwatch total;
+  const Stopwatch total;
   const int64_t N = config_.batch * rows(), D = config_.head_dim(), H = config_.heads, Hkv = config_.kv_heads;
   const DType type = config_.dtype;
   const size_t e = static_cast<size_t>(dtype_bytes(type));
@@ -191,9 +189,10 @@ LayerPassStats LoraLayer::forward(const float* x, float* y) {
       ops_->round_to_bf16(kept.as<bf16_bits>(), result, static_cast<size_t>(N * heads_of(p) * D));
     if (p != kValue) return;
     backend_.synchronize();   // (the projections' time is theirs)
-    const comm::Stopwatch t;  // the gather of Wo is in flight meanwhile
+    const Stopwatch t;  // the gather of Wo is in flight meanwhile
+    UlyssesAttention& attention = plan_.attention();
     stats.attention =
-        attention_.forward(shard_, spec_, q_.data(), k_.data(), v_.data(), o_.as<float>(), lse_.as<float>());
+        ring_stats(attention.forward(q_.data(), k_.data(), v_.data(), o_.as<float>(), lse_.as<float>()), attention);
     stats.attention_seconds = t.seconds();
   });
   have_forward_ = true;
@@ -204,7 +203,7 @@ LayerPassStats LoraLayer::forward(const float* x, float* y) {
 LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
   if (!have_forward_) throw std::logic_error("LoraLayer::backward called before forward");
   LayerPassStats stats;
-  const comm::Stopwatch total;
+  const Stopwatch total;
   const int64_t N = config_.batch * rows(), D = config_.head_dim(), H = config_.heads, Hkv = config_.kv_heads;
   const DType type = config_.dtype;
   const float s = config_.scaling();
@@ -237,9 +236,12 @@ LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
                           du_op);
       const void* d_out = operand(d_attn.as<float>(), static_cast<size_t>(N * H * D), d_attn_stored);
       backend_.synchronize();   // (the projection's time is its own)
-      const comm::Stopwatch t;  // the gather of Wv is in flight meanwhile
-      stats.attention = attention_.backward(shard_, spec_, q_.data(), k_.data(), v_.data(), o_.as<float>(),
-                                            lse_.as<float>(), d_out, dq.as<float>(), dk.as<float>(), dv.as<float>());
+      const Stopwatch t;  // the gather of Wv is in flight meanwhile
+      UlyssesAttention& attention = plan_.attention();
+      stats.attention = ring_stats(attention.backward(q_.data(), k_.data(), v_.data(), o_.as<float>(), lse_.as<float>(),
+                                                      d_out, dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                                      attention.last_forward()),
+                                   attention);
       stats.attention_seconds = t.seconds();
       return;
     }
@@ -249,7 +251,7 @@ LayerPassStats LoraLayer::backward(const float* x, const float* dy, float* dx) {
     const void* d_op = operand(d_proj, static_cast<size_t>(N * heads_of(p) * D), d_operand);
     projection_backward(*ops_, w, s, x_op, u, d_op, N, dx, p != kValue, grad_a_t, grad_b, du.as<float>(), du_op);
   });
-  const comm::Stopwatch reduce;
+  const Stopwatch reduce;
   reduce_scatter_gradients(full.as<float>());
   stats.reduce_seconds = reduce.seconds();
   stats.seconds = total.seconds();
@@ -285,7 +287,7 @@ void LoraLayer::reduce_scatter_gradients(const float* full) {
   }
   backend_.synchronize();  // a transport that reads from the host (MPI through host memory) reads it now
   comm_.reduce_scatter(send.data(), mine.data(), std::vector<size_t>(static_cast<size_t>(P), block),
-                       comm::DataType::f32, comm::ReduceOp::sum);
+                       DType::f32, comm::ReduceOp::sum);
   std::vector<float> host(counts[static_cast<size_t>(comm_.rank())]);
   backend_.download(host.data(), mine.data(), sizeof(float) * host.size());
   size_t offset = 0;

@@ -29,12 +29,12 @@
 // full local dA, dB of every projection are reduce-scattered in one collective, so each rank ends
 // holding the full-sequence gradient of exactly the slices it owns.
 //
-// Where it runs. The attention goes through the library's API (ringattn::Context forward and
-// backward: the plan the context caches for this shape, the ring or the Ulysses hybrid); the
-// layer's tensors live in the context backend's memory, and the rest of the arithmetic runs on
-// LayerOps (layer_ops.hpp) there: OpenBLAS and loops on the CPU, cuBLAS and small kernels on a
-// GPU. The gathers and the reduce-scatter use the context's communicator: MPI, or with the CUDA
-// backend NCCL (--comm nccl; equal-size blocks, so ncclReduceScatter) or MPI through host memory.
+// Where it runs. The attention goes through the runtime's session (runtime/session.hpp: the plan
+// it caches for this shape, the ring or the Ulysses hybrid); the layer's tensors live in the
+// session backend's memory, and the rest of the arithmetic runs on LayerOps (layer_ops.hpp)
+// there: OpenBLAS and loops on the CPU, cuBLAS and small kernels on a GPU. The gathers and the
+// reduce-scatter use the session's transport: MPI, or with the CUDA backend NCCL (comm nccl;
+// equal-size blocks, so ncclReduceScatter) or MPI through host memory.
 // The parameters' master copy (ShardedProjection, what the files load and the optimizer updates)
 // is fp32 in host memory; a mirror of this rank's slices in the backend's memory (in the GEMMs'
 // type) is refreshed before each forward pass for the parts that changed (backward uses what its
@@ -64,6 +64,7 @@
 #include "runtime/lora/projection.hpp"
 #include "runtime/lora/rope.hpp"
 #include "runtime/ring_plan.hpp"
+#include "runtime/session.hpp"
 #include "runtime/shard_layout.hpp"
 
 namespace ringattn {
@@ -85,7 +86,6 @@ struct LayerConfig {
   std::array<bool, kProjections> bias{};  // which projections have a (frozen) bias
   RopeConfig rope;                        // rotary embeddings of q and k (off by default)
   DType dtype = DType::f32;               // of Q, K, V, dO in the ring and of the GEMMs' operands
-  Schedule schedule = Schedule::direct;
   int threads = 1;
 
   int64_t head_dim() const { return d_model / heads; }
@@ -96,7 +96,7 @@ struct LayerConfig {
   ProjectionShape shape(int p) const;
   // Checks the arithmetic of the shape (d_model divisible by heads, Hkv dividing H, r >= 0, the
   // rotary dims, and with cpu_kernels a head dim the CPU kernels support: the CUDA kernels' are
-  // checked by the API); throws UsageError naming the option.
+  // checked by the API); throws ArgumentError naming the option.
   void validate(bool cpu_kernels = true) const;
 };
 
@@ -107,28 +107,29 @@ struct LayerPassStats {
   double attention_seconds = 0.0;    // in the ring (its own waits included)
   double gather_wait_seconds = 0.0;  // blocked waiting for parameter gathers: the exposed part
   double reduce_seconds = 0.0;       // backward: the gradient reduce-scatter
-  RingStats attention;               // the API's account of the attention
+  RingStats attention;               // the ring's account of the attention
 };
 
 class LoraLayer {
  public:
-  // Collective over the context's ranks (it agrees on the attention's shape with them, which
-  // builds the context's plan for it now). `attention` computes the attention and lends its
-  // backend (the memory of every tensor the layer takes or keeps) and its communicator (the
-  // parameter traffic); it must outlive the layer. The parameters start at zero: fill them through
-  // projection(p).
-  LoraLayer(Context& attention, const LayerConfig& config, const ShardLayout& layout, const Mask& mask);
+  // Collective over the session's ranks (it builds the session's plan for the attention: `spec`
+  // over config.seq_len positions, checked alike on every rank). The session computes the
+  // attention and lends its backend (the memory of every tensor the layer takes or keeps) and its
+  // transport (the parameter traffic); it must outlive the layer. The parameters start at zero:
+  // fill them through projection(p).
+  LoraLayer(Session& session, const LayerConfig& config, const AttentionSpec& spec);
   LoraLayer(const LoraLayer&) = delete;
   LoraLayer& operator=(const LoraLayer&) = delete;
 
   const LayerConfig& config() const { return config_; }
-  const ShardLayout& layout() const { return layout_; }
-  const Mask& mask() const { return mask_; }
-  Context& context() { return attention_; }
+  const AttentionSpec& spec() const { return spec_; }
+  const ShardLayout& layout() const { return plan_.layout(); }
+  const Mask& mask() const { return plan_.mask(); }
+  Session& session() { return session_; }
   // The memory of x, y, dy and dx: the backend's (host memory on the CPU, the GPU's with CUDA).
   AttentionBackend& backend() { return backend_; }
-  const std::vector<int64_t>& positions() const { return positions_; }
-  int64_t rows() const { return static_cast<int64_t>(positions_.size()); }
+  const std::vector<int64_t>& positions() const { return plan_.positions(); }
+  int64_t rows() const { return plan_.rows(); }
   // Elements of this rank's X (or Y): (batch, rows, d_model).
   size_t activation_elements() const { return static_cast<size_t>(config_.batch * rows() * config_.d_model); }
 
@@ -173,15 +174,13 @@ class LoraLayer {
   DeviceBuffer buffer(size_t bytes) { return DeviceBuffer(backend_, bytes); }
   int64_t heads_of(int p) const { return p == kQuery ? config_.heads : config_.kv_heads; }
 
-  Context& attention_;
+  Session& session_;
   AttentionBackend& backend_;
-  comm::Communicator& comm_;  // the context's: parameter gathers and gradient reductions
+  comm::Communicator& comm_;  // the session's transport: parameter gathers and gradient reductions
   LayerConfig config_;
-  ShardLayout layout_;
-  Mask mask_;
-  AttentionSpec spec_;  // the attention as the API takes it: mask, layout, schedule, --ulysses
+  AttentionSpec spec_;  // the attention: mask, layout, schedule, ulysses
   Shard shard_;
-  std::vector<int64_t> positions_;
+  AttentionPlan& plan_;  // the session's, for spec_ over the sequence
   std::unique_ptr<LayerOps> ops_;
   std::vector<ShardedProjection> projections_;
   std::array<SliceMirror, kProjections> mirrors_;

@@ -91,7 +91,7 @@ std::unique_ptr<LayerOps> make_layer_ops(AttentionBackend& backend, int threads)
 #if defined(RINGATTN_WITH_CUDA)
   return make_cuda_layer_ops(backend);
 #else
-  throw RuntimeFault(std::string("the LoRA layer has no operations for the ") + backend.name() + " backend");
+  throw Fault(std::string("the LoRA layer has no operations for the ") + backend.name() + " backend");
 #endif
 }
 

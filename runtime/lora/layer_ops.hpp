@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "kernels/rotary.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "runtime/backend.hpp"
 
 namespace ringattn {
@@ -56,7 +56,7 @@ class LayerOps {
 };
 
 // The operations for `backend`'s memory: the CPU's (OpenBLAS with `threads` threads) or, with the
-// CUDA backend, the GPU's on its stream (throws RuntimeFault in a build without CUDA).
+// CUDA backend, the GPU's on its stream (throws Fault in a build without CUDA).
 std::unique_ptr<LayerOps> make_layer_ops(AttentionBackend& backend, int threads);
 std::unique_ptr<LayerOps> make_cuda_layer_ops(AttentionBackend& backend);  // builds with CUDA only
 

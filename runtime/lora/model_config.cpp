@@ -13,16 +13,16 @@ std::optional<int64_t> positive_integer(const JsonValue& root, const char* key, 
   const JsonValue* v = root.find(key);
   if (!v || v->kind() == JsonValue::Kind::null) return std::nullopt;
   if (!v->is_number() || !(v->number() >= 1) || std::floor(v->number()) != v->number() || v->number() > 1e12)
-    throw UsageError(where + "\"" + key + "\" must be a positive integer");
+    throw usage_error(where + "\"" + key + "\" must be a positive integer");
   return static_cast<int64_t>(v->number());
 }
 
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
-  const std::string where = "--config " + path + ": ";
-  const JsonValue root = read_json_file(path, "--config");
-  if (!root.is_object()) throw UsageError(where + "not a JSON object");
+  const std::string where = "{config} " + path + ": ";
+  const JsonValue root = read_json_file(path, "{config}");
+  if (!root.is_object()) throw usage_error(where + "not a JSON object");
   ModelConfig c;
   c.path = path;
   c.hidden_size = positive_integer(root, "hidden_size", where);
@@ -47,14 +47,14 @@ ModelConfig read_model_config(const std::string& path) {
       c.rope.llama3_original_max_positions =
           static_cast<int64_t>(scaling->number_or("original_max_position_embeddings", 8192.0));
     } else if (type != "default") {
-      throw UsageError(where + "rope type \"" + type + "\" is not supported (default and llama3 are)");
+      throw usage_error(where + "rope type \"" + type + "\" is not supported (default and llama3 are)");
     }
   }
   const double partial = root.number_or("partial_rotary_factor", params ? params->number_or("partial_rotary_factor", 1.0) : 1.0);
-  if (!(partial > 0.0 && partial <= 1.0)) throw UsageError(where + "partial_rotary_factor must be in (0, 1]");
+  if (!(partial > 0.0 && partial <= 1.0)) throw usage_error(where + "partial_rotary_factor must be in (0, 1]");
   if (partial < 1.0) {
     if (!c.head_dim && !(c.hidden_size && c.heads))
-      throw UsageError(where + "partial_rotary_factor needs head_dim (or hidden_size and num_attention_heads)");
+      throw usage_error(where + "partial_rotary_factor needs head_dim (or hidden_size and num_attention_heads)");
     const int64_t D = c.head_dim ? *c.head_dim : *c.hidden_size / *c.heads;
     c.rope.dims = static_cast<int64_t>(double(D) * partial);
     c.rope.dims -= c.rope.dims % 2;

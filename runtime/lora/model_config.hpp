@@ -20,7 +20,7 @@ struct ModelConfig {
   RopeConfig rope;  // theta (HF's default 10000 when absent), rotary dims, Llama 3 scaling
 };
 
-// Throws UsageError naming --config and the file.
+// Throws ArgumentError naming --config and the file.
 ModelConfig read_model_config(const std::string& path);
 
 }  // namespace ringattn

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "runtime/random_inputs.hpp"
 
 namespace ringattn {
@@ -190,7 +190,7 @@ void ProjectionGather::start(comm::Communicator& comm, LayerOps& ops, const Shar
 }
 
 double ProjectionGather::finish(comm::Communicator& comm, const std::string& what) {
-  const comm::Stopwatch blocked;
+  const Stopwatch blocked;
   comm.wait_step(step_, what);
   return blocked.seconds();
 }

@@ -12,20 +12,21 @@ namespace ringattn {
 void RopeConfig::validate(int64_t head_dim, bool has_documents) const {
   if (!enabled()) {
     if (dims != 0 || interleaved || per_document)
-      throw UsageError("--rope-dims, --rope-interleaved and --rope-per-document need --rope-theta T");
+      throw ArgumentError("rope_theta", "{rope_dims}, {rope_interleaved} and {rope_per_document} need {rope_theta}");
     return;
   }
   if (!std::isfinite(theta) || theta <= 1.0)
-    throw UsageError("--rope-theta " + std::to_string(theta) + ": must be a finite number above 1");
+    throw ArgumentError("rope_theta", "{rope_theta} " + std::to_string(theta) + " must be a finite number above 1");
   if (dims < 0 || dims > head_dim || dims % 2 != 0)
-    throw UsageError("--rope-dims " + std::to_string(dims) + ": must be even and at most the head dim " +
-                     std::to_string(head_dim));
-  if (per_document && !has_documents) throw UsageError("--rope-per-document needs documents: --doc-lens");
+    throw ArgumentError("rope_dims", "{rope_dims} " + std::to_string(dims) + " must be even and at most the head dim " +
+                                         std::to_string(head_dim));
+  if (per_document && !has_documents)
+    throw ArgumentError("rope_per_document", "{rope_per_document} needs documents: {doc_lens}");
   if (llama3_factor != 0.0 &&
       (!(llama3_factor > 0.0) || !(llama3_high_freq_factor > llama3_low_freq_factor) ||
        !(llama3_low_freq_factor > 0.0) || llama3_original_max_positions < 1))
-    throw UsageError("rope_scaling (llama3): needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
-                     "original_max_position_embeddings >= 1");
+    throw ArgumentError("rope_scaling", "rope_scaling (llama3) needs factor > 0, high_freq_factor > low_freq_factor > 0 "
+                                        "and original_max_position_embeddings >= 1");
 }
 
 std::vector<double> rope_inverse_frequencies(const RopeConfig& rope, int64_t head_dim) {

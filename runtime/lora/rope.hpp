@@ -32,7 +32,7 @@ struct RopeConfig {
 
   bool enabled() const { return theta > 0.0; }
   int64_t rotary_dims(int64_t head_dim) const { return dims > 0 ? dims : head_dim; }
-  // Throws UsageError naming the option (--rope-theta, --rope-dims, --rope-per-document).
+  // Throws ArgumentError naming the field (rope_theta, rope_dims, rope_per_document).
   void validate(int64_t head_dim, bool has_documents) const;
 };
 

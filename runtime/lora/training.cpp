@@ -11,7 +11,7 @@ const char* optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::s
 OptimizerKind parse_optimizer(const std::string& name) {
   if (name == "sgd") return OptimizerKind::sgd;
   if (name == "adamw") return OptimizerKind::adamw;
-  throw UsageError("--optimizer " + name + ": expected sgd or adamw");
+  throw ArgumentError("optimizer", "{optimizer} '" + name + "': expected sgd or adamw");
 }
 
 LoraOptimizer::LoraOptimizer(LoraLayer& layer, const OptimizerOptions& options) : layer_(layer), options_(options) {
@@ -68,14 +68,14 @@ double mse_loss(comm::Communicator& comm, const float* y, const float* target, s
     sum += double(e) * double(e);
     if (dy) dy[i] = scale * e;
   }
-  comm.allreduce(&sum, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  comm.allreduce(&sum, 1, DType::f64, comm::ReduceOp::sum);
   return sum / total_elements;
 }
 
 double linear_loss(comm::Communicator& comm, const float* y, const float* g, size_t n) {
   double sum = 0.0;
   for (size_t i = 0; i < n; ++i) sum += double(y[i]) * double(g[i]);
-  comm.allreduce(&sum, 1, comm::DataType::f64, comm::ReduceOp::sum);
+  comm.allreduce(&sum, 1, DType::f64, comm::ReduceOp::sum);
   return sum;
 }
 

@@ -19,7 +19,7 @@ namespace ringattn {
 
 enum class OptimizerKind { sgd, adamw };
 const char* optimizer_name(OptimizerKind kind);
-OptimizerKind parse_optimizer(const std::string& name);  // throws UsageError naming --optimizer
+OptimizerKind parse_optimizer(const std::string& name);  // throws ArgumentError naming optimizer
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::adamw;

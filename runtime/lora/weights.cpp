@@ -9,13 +9,13 @@
 #include "runtime/errors.hpp"
 #include "runtime/io/json_reader.hpp"
 #include "runtime/io/npy_file.hpp"
+#include "util/format.hpp"
 
 namespace ringattn {
 
 namespace {
 
 namespace fs = std::filesystem;
-using npy_internal::format_shape;
 
 std::vector<int64_t> range_positions(const RowRange& r) {
   std::vector<int64_t> pos(static_cast<size_t>(r.end - r.begin));
@@ -55,12 +55,12 @@ class Checkpoint {
       single_ = fs::is_directory(weights, ec) ? (fs::path(weights) / "model.safetensors").string() : weights;
       return;
     }
-    const JsonValue root = read_json_file(index.string(), "--weights");
+    const JsonValue root = read_json_file(index.string(), "{weights}");
     const JsonValue* map = root.find("weight_map");
     if (!map || !map->is_object())
-      throw UsageError("--weights " + index.string() + ": no \"weight_map\" object (name -> shard file)");
+      throw usage_error("{weights} " + index.string() + ": no \"weight_map\" object (name -> shard file)");
     for (const auto& [name, file] : map->members()) {
-      if (!file.is_string()) throw UsageError("--weights " + index.string() + ": weight_map \"" + name + "\" is not a file name");
+      if (!file.is_string()) throw usage_error("{weights} " + index.string() + ": weight_map \"" + name + "\" is not a file name");
       shard_of_[name] = (fs::path(weights) / file.text()).string();
     }
     index_ = index.string();
@@ -74,11 +74,11 @@ class Checkpoint {
       path = it->second;
     }
     WeightTensor t;
-    t.file = files_.open(path, "--weights");
+    t.file = files_.open(path, "{weights}");
     t.name = name;
     if (!t.file->find(name)) {
       if (!single_.empty()) return std::nullopt;
-      throw UsageError("--weights " + index_ + " maps tensor \"" + name + "\" to " + path + ", which lacks it");
+      throw usage_error("{weights} " + index_ + " maps tensor \"" + name + "\" to " + path + ", which lacks it");
     }
     return t;
   }
@@ -99,27 +99,27 @@ struct AdapterConfig {
 
 AdapterConfig read_adapter_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  const JsonValue root = read_json_file(path, "--adapter");
-  const std::string where = "--adapter " + path + ": ";
-  if (!root.is_object()) throw UsageError(where + "not a JSON object");
+  const JsonValue root = read_json_file(path, "{adapter}");
+  const std::string where = "{adapter} " + path + ": ";
+  if (!root.is_object()) throw usage_error(where + "not a JSON object");
   AdapterConfig c;
   const JsonValue* r = root.find("r");
   if (!r || !r->is_number() || r->number() < 1 || std::floor(r->number()) != r->number())
-    throw UsageError(where + "\"r\" must be a positive integer");
+    throw usage_error(where + "\"r\" must be a positive integer");
   c.r = static_cast<int64_t>(r->number());
   c.alpha = root.number_or("lora_alpha", 8.0);  // PEFT's default
   c.rslora = root.bool_or("use_rslora", false);
   const std::string type = root.string_or("peft_type", "LORA");
-  if (type != "LORA") throw UsageError(where + "peft_type " + type + ": only LORA adapters are supported");
-  if (root.bool_or("use_dora", false)) throw UsageError(where + "use_dora: DoRA adapters are not supported");
+  if (type != "LORA") throw usage_error(where + "peft_type " + type + ": only LORA adapters are supported");
+  if (root.bool_or("use_dora", false)) throw usage_error(where + "use_dora: DoRA adapters are not supported");
   if (root.bool_or("fan_in_fan_out", false))
-    throw UsageError(where + "fan_in_fan_out: transposed (Conv1D) layers are not supported");
+    throw usage_error(where + "fan_in_fan_out: transposed (Conv1D) layers are not supported");
   for (const char* key : {"rank_pattern", "alpha_pattern"})
     if (const JsonValue* v = root.find(key); v && v->is_object() && !v->members().empty())
-      throw UsageError(where + "\"" + key + "\": a rank or alpha per module is not supported");
+      throw usage_error(where + "\"" + key + "\": a rank or alpha per module is not supported");
   const JsonValue* targets = root.find("target_modules");
   if (!targets || !(targets->is_array() || targets->is_string()))
-    throw UsageError(where + "\"target_modules\" must list the modules (q_proj, k_proj, v_proj, o_proj)");
+    throw usage_error(where + "\"target_modules\" must list the modules (q_proj, k_proj, v_proj, o_proj)");
   for (int p = 0; p < kProjections; ++p) {
     const std::string module = hf_module_name(p);
     if (targets->is_string()) {  // PEFT: a regex over module names, or "all-linear"
@@ -135,7 +135,7 @@ AdapterConfig read_adapter_config(const std::string& dir) {
 void require_shape(const WeightTensor& t, const std::vector<int64_t>& expected, const std::string& why) {
   const std::vector<int64_t> shape = shape_of(t);
   if (shape != expected)
-    throw UsageError(t.describe() + ": shape " + format_shape(shape) + ", expected " + format_shape(expected) + why);
+    throw usage_error(t.describe() + ": shape " + format_shape(shape) + ", expected " + format_shape(expected) + why);
   if (t.file) require_float_tensor(*t.file, t.name, expected, why);  // and a float dtype
 }
 
@@ -183,7 +183,7 @@ void WeightTensor::read(const RowSelection& rows, float* out) const {
     read_safetensors_rows(*file, *file->find(name), rows, out);
   }
   for (int64_t i = 0; i < rows.elements(); ++i)
-    if (!std::isfinite(out[i])) throw UsageError(describe() + ": contains NaN or Inf");
+    if (!std::isfinite(out[i])) throw usage_error(describe() + ": contains NaN or Inf");
 }
 
 std::array<bool, kProjections> WeightFiles::lora() const {
@@ -212,32 +212,32 @@ WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64
                            fs::exists(fs::path(dir) / "model.safetensors.index.json", ec) ||
                            fs::exists(fs::path(dir) / "model.safetensors", ec);
   if (!safetensors && !fs::is_directory(dir, ec))
-    throw UsageError("--weights " + dir + ": not a directory of .npy files, a .safetensors file, or a folder with " +
+    throw usage_error("{weights} " + dir + ": not a directory of .npy files, a .safetensors file, or a folder with " +
                      "model.safetensors or model.safetensors.index.json");
   if (!safetensors && !sources.prefix.empty())
-    throw UsageError("--weights-prefix names tensors in a safetensors checkpoint; --weights " + dir +
+    throw usage_error("{weights_prefix} names tensors in a safetensors checkpoint; {weights} " + dir +
                      " is a directory of .npy files");
   LayerConfig dims;
   dims.d_model = d_model, dims.heads = heads, dims.kv_heads = kv_heads;
-  const std::string why = " (d_model " + std::to_string(d_model) + " from --x, --heads " + std::to_string(heads) +
-                          ", --kv-heads " + std::to_string(kv_heads) + ")";
+  const std::string why = " ({d_model} " + std::to_string(d_model) + ", {heads} " + std::to_string(heads) +
+                          ", {kv_heads} " + std::to_string(kv_heads) + ")";
   SafetensorsFiles opened;
   std::optional<Checkpoint> checkpoint;
   if (safetensors) checkpoint.emplace(dir, opened);
   std::optional<AdapterConfig> adapter;
   std::string adapter_file;
   if (!sources.adapter.empty()) {
-    if (!fs::is_directory(sources.adapter, ec)) throw UsageError("--adapter " + sources.adapter + ": not a directory");
+    if (!fs::is_directory(sources.adapter, ec)) throw usage_error("{adapter} " + sources.adapter + ": not a directory");
     adapter = read_adapter_config(sources.adapter);
     adapter_file = (fs::path(sources.adapter) / "adapter_model.safetensors").string();
     if (lora_rank > 0 && lora_rank != adapter->r)
-      throw UsageError("--lora-rank " + std::to_string(lora_rank) + " contradicts --adapter " + sources.adapter +
+      throw usage_error("{lora_rank} " + std::to_string(lora_rank) + " contradicts {adapter} " + sources.adapter +
                        " (r " + std::to_string(adapter->r) + ")");
   }
 
   WeightFiles files;
   int64_t r = adapter ? adapter->r : lora_rank;
-  std::string r_source = adapter ? "--adapter " + sources.adapter : "--lora-rank";
+  std::string r_source = adapter ? "{adapter} " + sources.adapter : "{lora_rank}";
   for (int p = 0; p < kProjections; ++p) {
     const size_t i = static_cast<size_t>(p);
     const ProjectionShape s = dims.shape(p);
@@ -246,13 +246,13 @@ WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64
       const std::string w_name = hf_tensor_name(sources.prefix, p, ProjectionPart::w0);
       files.w0[i] = checkpoint->find(w_name);
       if (!files.w0[i])
-        throw UsageError("--weights " + checkpoint->describe() + ": tensor \"" + w_name + "\" is missing" +
-                         (sources.prefix.empty() ? " (set --weights-prefix, e.g. model.layers.0.self_attn.)" : ""));
+        throw usage_error("{weights} " + checkpoint->describe() + ": tensor \"" + w_name + "\" is missing" +
+                         (sources.prefix.empty() ? " (set {weights_prefix}, e.g. model.layers.0.self_attn.)" : ""));
       files.bias[i] = checkpoint->find(hf_tensor_name(sources.prefix, p, ProjectionPart::bias));
     } else {
-      files.w0[i] = npy_tensor((fs::path(dir) / weight_file_name(p, ProjectionPart::w0)).string(), "--weights");
+      files.w0[i] = npy_tensor((fs::path(dir) / weight_file_name(p, ProjectionPart::w0)).string(), "{weights}");
       const std::string bias_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::bias)).string();
-      if (fs::exists(bias_path, ec)) files.bias[i] = npy_tensor(bias_path, "--weights");
+      if (fs::exists(bias_path, ec)) files.bias[i] = npy_tensor(bias_path, "{weights}");
     }
     require_shape(*files.w0[i], {s.out, s.in}, why);
     if (files.bias[i]) require_shape(*files.bias[i], {s.out}, why);
@@ -261,18 +261,18 @@ WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64
     if (adapter) {
       const std::string a_name = hf_tensor_name(sources.prefix, p, ProjectionPart::lora_a);
       const std::string b_name = hf_tensor_name(sources.prefix, p, ProjectionPart::lora_b);
-      const auto file = opened.open(adapter_file, "--adapter");
+      const auto file = opened.open(adapter_file, "{adapter}");
       const bool has_a = file->find(a_name) != nullptr, has_b = file->find(b_name) != nullptr;
       if (!adapter->targets[i]) {
         if (has_a || has_b)
-          throw UsageError("--adapter " + adapter_file + ": tensor \"" + (has_a ? a_name : b_name) + "\" but " +
+          throw usage_error("{adapter} " + adapter_file + ": tensor \"" + (has_a ? a_name : b_name) + "\" but " +
                            hf_module_name(p) + " is not in target_modules of adapter_config.json");
         continue;
       }
       if (!has_a || !has_b)
-        throw UsageError("--adapter " + adapter_file + ": tensor \"" + (has_a ? b_name : a_name) + "\" is missing (" +
+        throw usage_error("{adapter} " + adapter_file + ": tensor \"" + (has_a ? b_name : a_name) + "\" is missing (" +
                          hf_module_name(p) + " is a target module" +
-                         (sources.prefix.empty() ? "; set --weights-prefix, e.g. model.layers.0.self_attn.)" : ")"));
+                         (sources.prefix.empty() ? "; set {weights_prefix}, e.g. model.layers.0.self_attn.)" : ")"));
       files.a[i] = WeightTensor{std::nullopt, file, a_name};
       files.b[i] = WeightTensor{std::nullopt, file, b_name};
     } else if (!checkpoint) {
@@ -280,22 +280,22 @@ WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64
       const std::string b_path = (fs::path(dir) / weight_file_name(p, ProjectionPart::lora_b)).string();
       const bool has_a = fs::exists(a_path, ec), has_b = fs::exists(b_path, ec);
       if (has_a != has_b)
-        throw UsageError("--weights " + (has_a ? a_path : b_path) + ": LoRA factors come in pairs, but " +
+        throw usage_error("{weights} " + (has_a ? a_path : b_path) + ": LoRA factors come in pairs, but " +
                          (has_a ? b_path : a_path) + " is missing");
       if (!has_a) continue;
-      files.a[i] = npy_tensor(a_path, "--weights");
-      files.b[i] = npy_tensor(b_path, "--weights");
+      files.a[i] = npy_tensor(a_path, "{weights}");
+      files.b[i] = npy_tensor(b_path, "{weights}");
     }
     if (!files.a[i]) continue;
     const std::vector<int64_t> a_shape = shape_of(*files.a[i]);
     if (a_shape.size() != 2)
-      throw UsageError(files.a[i]->describe() + ": expected a 2-D array (r, " + std::to_string(s.in) +
+      throw usage_error(files.a[i]->describe() + ": expected a 2-D array (r, " + std::to_string(s.in) +
                        "), got shape " + format_shape(a_shape));
     if (r == 0) r = a_shape[0], r_source = files.a[i]->describe();
     const std::string r_why = " (r " + std::to_string(r) + " from " + r_source + ")";
     require_shape(*files.a[i], {r, s.in}, r_source == files.a[i]->describe() ? why : r_why);
     require_shape(*files.b[i], {s.out, r}, r_why + why);
-    if (r < 1) throw UsageError(files.a[i]->describe() + ": LoRA rank 0");
+    if (r < 1) throw usage_error(files.a[i]->describe() + ": LoRA rank 0");
   }
   if (adapter) {
     files.from_adapter = true;

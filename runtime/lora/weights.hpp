@@ -39,7 +39,7 @@ struct WeightTensor {
   std::shared_ptr<const SafetensorsInfo> file;
   std::string name;  // of the tensor in `file`
 
-  std::string describe() const;  // "--weights DIR/wq.npy", "--adapter F.safetensors tensor \"...\""
+  std::string describe() const;  // "{weights} DIR/wq.npy", "{adapter} F.safetensors tensor \"...\""
   // Reads the selected rows; refuses NaN and Inf.
   void read(const RowSelection& rows, float* out) const;
 };
@@ -62,7 +62,7 @@ struct WeightFiles {
 };
 
 // Finds every tensor and checks its shape against d_model (of --x), --heads, --kv-heads and, when
-// positive, --lora-rank; UsageError naming the file, the tensor and what disagrees.
+// positive, --lora-rank; ArgumentError naming the file, the tensor and what disagrees.
 WeightFiles inspect_weights(const WeightSources& sources, int64_t d_model, int64_t heads, int64_t kv_heads,
                             int64_t lora_rank);
 

@@ -1,5 +1,5 @@
 # --check must be able to fail. Each check_fails_on_* test runs the job with RINGATTN_TEST_FAULT
-# (launch/test_hook.hpp): the ring computes with a slightly wrong mask, scale, head mapping or
+# (launch/cli/test_hook.hpp): the ring computes with a slightly wrong mask, scale, head mapping or
 # output, --check judges against the true ones, and the job must exit 3. The sizes make sampled
 # rows see thousands of keys, where a one-key error is a small relative change. The
 # check_passes_* tests are the controls: the same jobs without a fault pass.
@@ -21,9 +21,16 @@ foreach(entry ${ringattn_check_faults})
   if(n GREATER 2)
     list(SUBLIST parts 2 -1 extra)
   endif()
-  ringattn_mpi_test(check_fails_on_${name} ringattn 2 EXIT_CODE 3 ARGS ${ringattn_check_job} ${extra})
-  set_tests_properties(check_fails_on_${name} PROPERTIES TIMEOUT 60 ENVIRONMENT
-    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;RINGATTN_TEST_FAULT=${fault}")
+  # fp32, and bf16: the bound follows the rounding of the kernels that ran, so a fault fails in both.
+  foreach(dtype fp32 bf16)
+    set(test check_fails_on_${name})
+    if(dtype STREQUAL bf16)
+      set(test check_fails_on_${name}_bf16)
+    endif()
+    ringattn_mpi_test(${test} ringattn 2 EXIT_CODE 3 ARGS ${ringattn_check_job} ${extra} --dtype ${dtype})
+    set_tests_properties(${test} PROPERTIES TIMEOUT 60 ENVIRONMENT
+      "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;RINGATTN_TEST_FAULT=${fault}")
+  endforeach()
 endforeach()
 # The controls, forward and backward (dK/dV with fp64 LSE recomputed), fp32 and bf16.
 ringattn_mpi_test(check_passes_without_fault ringattn 2 ARGS ${ringattn_check_job} --window 2048,-1 --backward)

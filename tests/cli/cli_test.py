@@ -325,16 +325,16 @@ def bad_input_cases(w):
         ("K and V shapes differ", ["--q", "q.npy", "--k", "k.npy", "--v", "v_hkv1.npy"], None,
          ["--k k.npy has shape (64, 2, 16) but --v v_hkv1.npy has (64, 1, 16)"]),
         ("H not divisible by Hkv (files)", with_q("q_h3.npy"), None,
-         ["heads 3 is not a multiple of kv-heads 2", "--q q_h3.npy"]),
-        ("H not divisible by Hkv", small + ["--kv-heads", "3"], None, ["heads 4 is not a multiple of kv-heads 3"]),
+         ["'s heads 2 must divide --q q_h3.npy's heads 3"]),
+        ("H not divisible by Hkv", small + ["--kv-heads", "3"], None, ["--kv-heads 3 must divide --heads 4"]),
         ("unsupported head dim (files)", ["--q", "q_d8.npy", "--k", "k_d8.npy", "--v", "v_d8.npy"], None,
-         ["head dim 8 (from --q q_d8.npy) is not supported"]),
+         ["--q q_d8.npy's head dim 8 is not supported"]),
         ("unsupported head dim", ["--seq-len", "64", "--head-dim", "20"], None,
-         ["head dim 20 (--head-dim) is not supported"]),
+         ["--head-dim 20 is not supported"]),
         ("L smaller than ranks (files)", ["--q", "q_L1.npy", "--k", "k_L1.npy", "--v", "v_L1.npy"], None,
-         ["sequence length 1 (from --q q_L1.npy) is smaller than the number of ranks 2"]),
+         ["--q q_L1.npy's length 1 is smaller than the number of ranks 2"]),
         ("L smaller than ranks", ["--seq-len", "1", "--head-dim", "16"], None,
-         ["sequence length 1 (--seq-len) is smaller than the number of ranks 2"]),
+         ["--seq-len 1 is smaller than the number of ranks 2"]),
         ("NaN in Q", with_q("q_nan.npy"), None, ["--q q_nan.npy", "contains NaN", "sequence position 5"]),
         ("Inf in V", ["--q", "q.npy", "--k", "k.npy", "--v", "v_inf.npy"], None,
          ["--v v_inf.npy", "contains Inf", "sequence position 40"]),
@@ -345,12 +345,12 @@ def bad_input_cases(w):
          ["--k k_beyond_bf16.npy", "value 3.4e+38", "overflows bfloat16"]),
         ("dO shape differs", files + ["--dout", "dout_L32.npy"], None, ["--dout dout_L32.npy has shape (32, 4, 16)"]),
         # masks
-        ("negative window", small + ["--window", "-2,3"], None, ["--window -2,3", "-1 for unbounded"]),
+        ("negative window", small + ["--window", "-2,3"], None, ["--window (-2, 3)", "-1 for unbounded"]),
         ("window of one number", small + ["--window", "5"], None, ["--window 5", "expected 2"]),
         ("window not integers", small + ["--window", "a,b"], None, ["--window a,b", "not an integer"]),
         ("doc lengths do not sum to L", small + ["--doc-lens", "10,20"], None,
-         ["--doc-lens 10,20", "sum to 30 but the sequence length is 64"]),
-        ("negative doc length", small + ["--doc-lens", "80,-16"], None, ["--doc-lens 80,-16", "negative"]),
+         ["--doc-lens sum to 30 but the sequence length is 64"]),
+        ("negative doc length", small + ["--doc-lens", "80,-16"], None, ["--doc-lens must not be negative (-16)"]),
         ("doc lengths overflow", small + ["--doc-lens", "9223372036854775807,1"], None, ["--doc-lens", "overflow"]),
         ("doc lengths file of floats", small + ["--doc-lens", "doc_f32.npy"], None, ["--doc-lens doc_f32.npy", "dtype"]),
         ("doc lengths file 2-D", small + ["--doc-lens", "doc_2d.npy"], None, ["--doc-lens doc_2d.npy", "1-D"]),
@@ -368,7 +368,7 @@ def bad_input_cases(w):
         ("not a number", ["--seq-len", "many"], None, ["seq-len"]),
         ("empty value", small + ["--out", ""], None, ["--out is given an empty value"]),
         ("option twice", ["--seq-len", "64", "--seq-len", "128"], None, ["seq-len", "more than once"]),
-        ("zero batch", small + ["--batch", "0"], None, ["--batch 0: must be positive"]),
+        ("zero batch", small + ["--batch", "0"], None, ["--batch 0 must be positive"]),
         ("negative kv-heads", small + ["--kv-heads", "-1"], None, ["--kv-heads -1"]),
         ("tensors too large", ["--seq-len", "4611686018427387904", "--heads", "1024", "--head-dim", "16"], None,
          ["too large"]),
@@ -759,6 +759,24 @@ def group_binding(runner, w, jobs):
     return run_cases(cases, one, jobs)
 
 
+def run_groups(groups, prefix, run):
+    """run(group, workdir) for each group, each in a temporary folder removed after it; returns the
+    exit code (1 when a case failed)."""
+    failures = []
+    for group in groups:
+        workdir = tempfile.mkdtemp(prefix="%s-%s-" % (prefix, group))
+        try:
+            t0 = time.monotonic()
+            failures += run(group, workdir)
+            print("# %s: %.1f s" % (group, time.monotonic() - t0), flush=True)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if failures:
+        print("%d failed: %s" % (len(failures), ", ".join(failures)))
+        return 1
+    return 0
+
+
 GROUPS = {"bad_inputs": group_bad_inputs, "agreement": group_agreement, "numerics": group_numerics,
           "faults": group_faults, "binding": group_binding}
 
@@ -773,20 +791,8 @@ def main():
     if os.geteuid() == 0:
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    failures = []
-    for group in args.groups:
-        workdir = tempfile.mkdtemp(prefix="ringattn-cli-%s-" % group)
-        try:
-            t0 = time.monotonic()
-            runner = Runner(os.path.abspath(args.ringattn), args.mpiexec, workdir)
-            failures += GROUPS[group](runner, workdir, args.jobs)
-            print("# %s: %.1f s" % (group, time.monotonic() - t0), flush=True)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if failures:
-        print("%d failed: %s" % (len(failures), ", ".join(failures)))
-        return 1
-    return 0
+    return run_groups(args.groups, "ringattn-cli", lambda group, workdir: GROUPS[group](
+        Runner(os.path.abspath(args.ringattn), args.mpiexec, workdir), workdir, args.jobs))
 
 
 if __name__ == "__main__":

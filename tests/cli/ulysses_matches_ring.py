@@ -63,7 +63,7 @@ def main():
                 err = float(np.abs(a - b).max())
                 if not err <= 1e-5 * max(1.0, float(np.abs(b).max())):
                     failures.append(f"--ulysses {key}: {n} differs from --ulysses 1 by {err}")
-        for u, heads, words in ((3, 8, ["--ulysses 3", "4 ranks"]), (4, 6, ["--ulysses 4", "6 heads"])):
+        for u, heads, words in ((3, 8, ["--ulysses 3", "4 ranks"]), (4, 6, ["--ulysses 4", "--heads 6"])):
             r = run(tmp, ["--ulysses", str(u)], heads, heads)
             if r.returncode != 2 or not all(w in r.stderr for w in words):
                 failures.append(f"--ulysses {u} --heads {heads}: exit {r.returncode}, stderr {r.stderr[:300]!r}")

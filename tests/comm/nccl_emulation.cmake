@@ -1,7 +1,8 @@
 # Builds with -DRINGATTN_CUDA_EMULATION=ON: the NCCL communicator and the whole program on the
 # emulated CUDA and NCCL (emulation/). Label nccl_emulation; launch/test.sh builds only these
 # targets (ringattn, ringattn_nccl_emulated_tests) and runs only this label.
-add_executable(ringattn_nccl_emulated_tests ${CMAKE_CURRENT_SOURCE_DIR}/comm/test_nccl_emulated.cpp)
+add_executable(ringattn_nccl_emulated_tests ${CMAKE_CURRENT_SOURCE_DIR}/comm/test_nccl_emulated.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/runtime/api/test_context_nccl_emulated.cpp)
 target_link_libraries(ringattn_nccl_emulated_tests PRIVATE ringattn::ringattn ringattn_comm ringattn_mpi_test_main)
 target_compile_options(ringattn_nccl_emulated_tests PRIVATE -Wall -Wextra)
 foreach(np 1 2 4)  # communicators per rank must not grow with P

@@ -5,7 +5,8 @@
 
 #include <vector>
 
-#include "comm/stopwatch.hpp"
+#include "comm/emulated_link_communicator.hpp"
+#include "util/stopwatch.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {
@@ -44,13 +45,14 @@ TEST_F(MpiTest, AlltoallvDeliversUnevenBlocksInRankOrder) {
 
 // Under link emulation the all-to-all goes point to point, so the emulated link delays it.
 TEST_F(MpiTest, AlltoallvUnderLinkEmulationIsDelayedAndCorrect) {
-  comm->set_link_emulation(LinkEmulation{0.0, 20000.0});  // 20 ms per message
-  const Stopwatch clock;
-  check_alltoallv(*comm, 7);
-  if (size() > 1) {
-    EXPECT_GE(clock.seconds(), 0.019);
+  {
+    EmulatedLinkCommunicator link(*comm, LinkEmulation{0.0, 20000.0});  // 20 ms per message
+    const Stopwatch clock;
+    check_alltoallv(link, 7);
+    if (size() > 1) {
+      EXPECT_GE(clock.seconds(), 0.019);
+    }
   }
-  comm->set_link_emulation(LinkEmulation{});
   EXPECT_EQ(comm->outstanding(), 0u);
 }
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "tests/comm/step_exchange.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
@@ -222,7 +222,7 @@ TEST_F(MpiTest, AnotherThreadTakesOverWhenNothingIsOutstanding) {
   std::string error;
   std::thread other([&] {
     try {
-      comm->allreduce(&value, 1, DataType::i32, ReduceOp::sum);
+      comm->allreduce(&value, 1, DType::i32, ReduceOp::sum);
     } catch (const CommError& e) {
       error = e.what();
     }
@@ -250,7 +250,7 @@ TEST_F(MpiTest, OverlappingCallsFromTwoThreadsAreRefused) {
       while (!comm->call_in_progress() && waited.seconds() < 5.0) std::this_thread::yield();
       int x = 0;
       try {
-        comm->allreduce(&x, 1, DataType::i32, ReduceOp::sum);
+        comm->allreduce(&x, 1, DType::i32, ReduceOp::sum);
       } catch (const CommError& e) {
         error = e.what();
       }
@@ -275,7 +275,7 @@ TEST_F(MpiTest, OverlappingCallsFromTwoThreadsAreRefused) {
 // ---- collectives ----
 
 template <class T>
-void check_allreduce(MpiCommunicator& c, DataType type) {
+void check_allreduce(MpiCommunicator& c, DType type) {
   const int n = 5;
   // Small values of both signs (unsigned stays positive), exact in every type and sum.
   auto value = [&](int rank, int e) {
@@ -298,12 +298,12 @@ void check_allreduce(MpiCommunicator& c, DataType type) {
 }
 
 TEST_F(MpiTest, AllreduceSumMaxMinForEveryDataType) {
-  check_allreduce<uint8_t>(*comm, DataType::u8);
-  check_allreduce<int32_t>(*comm, DataType::i32);
-  check_allreduce<int64_t>(*comm, DataType::i64);
-  check_allreduce<float>(*comm, DataType::f32);
-  check_allreduce<double>(*comm, DataType::f64);
-  comm->allreduce(nullptr, 0, DataType::f32, ReduceOp::sum);  // empty is fine
+  check_allreduce<uint8_t>(*comm, DType::u8);
+  check_allreduce<int32_t>(*comm, DType::i32);
+  check_allreduce<int64_t>(*comm, DType::i64);
+  check_allreduce<float>(*comm, DType::f32);
+  check_allreduce<double>(*comm, DType::f64);
+  comm->allreduce(nullptr, 0, DType::f32, ReduceOp::sum);  // empty is fine
 }
 
 TEST_F(MpiTest, BroadcastFromEveryRoot) {
@@ -365,8 +365,8 @@ TEST_F(MpiTest, ReduceScatterWithUnevenCounts) {
   }
   std::vector<double> sum(counts[rank()], -1.0);
   std::vector<int64_t> max(counts[rank()], -1);
-  comm->reduce_scatter(send.data(), sum.data(), counts, DataType::f64, ReduceOp::sum);
-  comm->reduce_scatter(send_i.data(), max.data(), counts, DataType::i64, ReduceOp::max);
+  comm->reduce_scatter(send.data(), sum.data(), counts, DType::f64, ReduceOp::sum);
+  comm->reduce_scatter(send_i.data(), max.data(), counts, DType::i64, ReduceOp::max);
   for (size_t e = 0; e < counts[rank()]; ++e) {
     double expect = 0.0;
     for (int r = 0; r < size(); ++r) expect += value(r, offset + e);
@@ -380,7 +380,6 @@ TEST_F(MpiTest, ReduceScatterWithUnevenCounts) {
 // Rank 0 alone, the others together in reverse order; with 3 ranks or more the last one stays out.
 TEST_F(MpiTest, SplitMakesSubCommunicatorsThatInheritSettings) {
   comm->set_timeout(7.0);
-  comm->set_link_emulation({100.0, 1.0});
   const bool stays_out = size() >= 3 && rank() == size() - 1;
   const int color = stays_out ? -1 : rank() == 0 ? 0 : 1;
   std::unique_ptr<Communicator> sub = comm->split(color, -rank());
@@ -393,11 +392,9 @@ TEST_F(MpiTest, SplitMakesSubCommunicatorsThatInheritSettings) {
   EXPECT_EQ(sub->size(), members);
   EXPECT_EQ(sub->rank(), rank() == 0 ? 0 : members - rank());  // ordered by key = -rank
   EXPECT_EQ(sub->timeout(), 7.0);
-  EXPECT_EQ(sub->link_emulation().gbps, 100.0);
-  EXPECT_EQ(sub->link_emulation().latency_us, 1.0);
 
   int64_t world_rank_sum = rank();
-  sub->allreduce(&world_rank_sum, 1, DataType::i64, ReduceOp::sum);
+  sub->allreduce(&world_rank_sum, 1, DType::i64, ReduceOp::sum);
   const int64_t expect = rank() == 0 ? 0 : int64_t(members) * (members + 1) / 2;
   EXPECT_EQ(world_rank_sum, expect);
   ring_exchange(*sub, 5000, 2);
@@ -414,7 +411,7 @@ TEST_F(MpiTest, BytesSentCountsSendPayloadsOnly) {
   EXPECT_EQ(comm->bytes_sent(), 1024u);
   uint64_t gathered = 0;
   comm->allgather(&gathered, std::vector<uint64_t>(size()).data(), sizeof gathered);
-  comm->allreduce(&gathered, 1, DataType::i64, ReduceOp::sum);
+  comm->allreduce(&gathered, 1, DType::i64, ReduceOp::sum);
   EXPECT_EQ(comm->bytes_sent(), 1024u) << "collectives are not counted";
   comm->reset_counters();
   EXPECT_EQ(comm->bytes_sent(), 0u);

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "tests/support/mpi_test_util.hpp"
 
 namespace ringattn::comm::testing {
@@ -91,7 +91,7 @@ TEST_F(MpiTest, ACollectiveARankIsLateForTimesOutNamingThatRank) {
   }
   comm->set_timeout(10.0);
   int64_t ranks = 1;
-  comm->allreduce(&ranks, 1, DataType::i64, ReduceOp::sum);
+  comm->allreduce(&ranks, 1, DType::i64, ReduceOp::sum);
   EXPECT_EQ(ranks, size());
 }
 

@@ -1,6 +1,6 @@
 // libFuzzer target for the .npy header parser and readers. For any bytes:
 //   - parsing from memory and inspecting the same bytes as a file agree, on the header or on the
-//     exact message that refuses it, and a refusal is always a UsageError; so does parsing from
+//     exact message that refuses it, and a refusal is always a ArgumentError; so does parsing from
 //     fewer bytes than the header;
 //   - an accepted header fits in the bytes given, and the readers of its dtype read it whole;
 //   - the header we would write for it parses back to the same dtype and shape.
@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string refused;
   try {
     parsed = parse_npy_header(bytes, file_size, path, "--fuzz");
-  } catch (const UsageError& e) {
+  } catch (const ArgumentError& e) {
     refused = e.what();
   }
   // A caller may hand over fewer bytes than the header: refused, or read the same.
@@ -80,12 +80,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const NpyInfo part = parse_npy_header(bytes.substr(0, cut), file_size, path, "--fuzz");
     check(parsed && part.shape == parsed->shape && part.data_offset == parsed->data_offset);
-  } catch (const UsageError&) {
+  } catch (const ArgumentError&) {
   }
   std::optional<NpyInfo> inspected;
   try {
     inspected = inspect_npy(path, "--fuzz");
-  } catch (const UsageError& e) {
+  } catch (const ArgumentError& e) {
     check(!parsed && refused == e.what());
   }
   if (!parsed) return 0;

@@ -1,5 +1,5 @@
 // libFuzzer target for the safetensors header parser and reader. For any bytes:
-//   - inspecting them as a file either accepts them or refuses them with a UsageError, and a header
+//   - inspecting them as a file either accepts them or refuses them with a ArgumentError, and a header
 //     accepted from a file is accepted from memory too (same tensors);
 //   - every accepted tensor lies inside the file, no two overlap, and the bytes match shape x dtype;
 //   - each float tensor's every other row (a striped shard) and its whole data can be read;
@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::optional<SafetensorsInfo> info;
   try {
     info = inspect_safetensors(path, "--fuzz");
-  } catch (const UsageError&) {
+  } catch (const ArgumentError&) {
     return 0;
   }
   uint64_t n = 0;

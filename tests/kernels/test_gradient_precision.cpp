@@ -31,10 +31,10 @@ bool full_sweep() {
 
 void check_cpu(const PrecisionCase& c) {
   const Problem p = c.problem();
-  const PrecisionOracle oracle(p, {kernels::SamePrecision::fp32, kernels::cpu_same_precision(c.dtype)});
+  const PrecisionOracle oracle(p, kernels::cpu_same_precision(c.dtype));
   const PrecisionErrors e = oracle.judge(run_cpu_kernels(p, c.dtype, 2));
   const std::string what = std::string("cpu ") + kernels::cpu_isa() + " " + c.describe();
-  std::printf("%s: %s\n", what.c_str(), describe_ratios(e).c_str());
+  std::printf("%s\n", table_row(std::string("cpu ") + kernels::cpu_isa(), c, e).c_str());
   std::fflush(stdout);
   EXPECT_LE(worst_ratio(e), kFactor) << what << ": " << describe_ratios(e) << " (error / plain fp32 error)";
 }

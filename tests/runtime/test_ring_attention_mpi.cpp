@@ -146,19 +146,19 @@ class CountingBackend final : public AttentionBackend {
                size_t height) override {
     inner_->copy_2d(dst, dst_pitch, src, src_pitch, width, height);
   }
-  void forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-               const MaskView& mask, const kernels::AttentionState& state,
-               const std::function<void()>& progress) override {
-    inner_->forward(dims, q, kv, mask, state, progress);
+  StepKernel forward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                     const MaskView& mask, const kernels::AttentionState& state,
+                     const std::function<void()>& progress) override {
+    return inner_->forward(dims, q, kv, mask, state, progress);
   }
   void delta(const kernels::AttentionDims& dims, int64_t rows, const float* o, const void* dout, DType dtype,
              float* delta) override {
     inner_->delta(dims, rows, o, dout, dtype, delta);
   }
-  void backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
-                const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
-                const MaskView& mask, const std::function<void()>& progress) override {
-    inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
+  StepKernel backward(const kernels::AttentionDims& dims, const kernels::QueryRows& q, const kernels::KeyValueRows& kv,
+                      const void* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                      const MaskView& mask, const std::function<void()>& progress) override {
+    return inner_->backward(dims, q, kv, dout, lse, delta, dq, dk, dv, mask, progress);
   }
   void synchronize() override { inner_->synchronize(); }
   kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const override {
@@ -202,7 +202,7 @@ TEST_F(RingAttentionMpi, PassesAllocateNothingAndPostMatchingSteps) {
     EXPECT_LE(b.wait_seconds, b.seconds);
     int64_t steps[2] = {comm->steps_posted() - steps_before, 0};
     steps[1] = -steps[0];
-    comm->allreduce(steps, 2, comm::DataType::i64, comm::ReduceOp::max);
+    comm->allreduce(steps, 2, DType::i64, comm::ReduceOp::max);
     EXPECT_EQ(steps[0], -steps[1]) << "ranks posted different numbers of steps";
     // forward: K/V steps 1..P-1; backward: K/V and gradient steps 1..P-1.
     EXPECT_EQ(steps[0], 3 * int64_t(P - 1));
@@ -218,7 +218,7 @@ TEST_F(RingAttentionMpi, ErrorDoesNotGrowWithRanks) {
   const ShardedReference::Errors at_p = run_and_check(*comm, c);
   std::unique_ptr<comm::Communicator> alone = comm->split(comm->rank() == 0 ? 0 : -1, 0);
   double worst[5] = {at_p.o, at_p.lse, at_p.dq, at_p.dk, at_p.dv};
-  comm->allreduce(worst, 5, comm::DataType::f64, comm::ReduceOp::max);
+  comm->allreduce(worst, 5, DType::f64, comm::ReduceOp::max);
   if (alone) {
     const ShardedReference::Errors at_1 = run_and_check(*alone, c);
     const double one[5] = {at_1.o, at_1.lse, at_1.dq, at_1.dk, at_1.dv};

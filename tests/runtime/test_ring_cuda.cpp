@@ -91,7 +91,8 @@ Result run_ring(comm::Communicator& comm, AttentionBackend& be, const Case& c, c
                dout = to_backend(be, make(RandomTensor::dout, H), dtype);
   DeviceBuffer o(be, sizeof(float) * size_t(B * rows * H * D)), lse(be, sizeof(float) * size_t(B * H * rows));
   DeviceBuffer dq(be, o.bytes()), dk(be, sizeof(float) * size_t(B * rows * Hkv * D)), dv(be, dk.bytes());
-  RingAttention ring(comm, be, layout, c.mask, RingOptions{dims, dtype, schedule});
+  // Our kernels: the cuDNN path has its own tests (test_ring_cudnn.cpp).
+  RingAttention ring(comm, be, layout, c.mask, RingOptions{dims, dtype, schedule, KernelChoice::own});
   ring.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
   ring.backward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>(), dout.data(), dq.as<float>(),
                 dk.as<float>(), dv.as<float>());
@@ -185,10 +186,10 @@ TEST(NcclCommunicator, CollectivesOnDeviceAndHostMemory) {
   const int P = nccl.size(), r = nccl.rank();
   // allreduce, on the device and on the host
   DeviceVector<float> d(std::vector<float>{float(r + 1), -float(r)});
-  nccl.allreduce(d.p, 2, comm::DataType::f32, comm::ReduceOp::sum);
+  nccl.allreduce(d.p, 2, DType::f32, comm::ReduceOp::sum);
   EXPECT_EQ(d.host()[0], float(P * (P + 1) / 2));
   double h = r;
-  nccl.allreduce(&h, 1, comm::DataType::f64, comm::ReduceOp::max);
+  nccl.allreduce(&h, 1, DType::f64, comm::ReduceOp::max);
   EXPECT_EQ(h, double(P - 1));
   // broadcast
   std::string text = r == 0 ? "from rank zero" : "..............";
@@ -214,7 +215,7 @@ TEST(NcclCommunicator, CollectivesOnDeviceAndHostMemory) {
     size_t total = 0;
     for (size_t x : c) total += x;
     std::vector<int64_t> send(total, int64_t(r + 1)), recv(c[size_t(r)], 0);
-    nccl.reduce_scatter(send.data(), recv.data(), c, comm::DataType::i64, comm::ReduceOp::sum);
+    nccl.reduce_scatter(send.data(), recv.data(), c, DType::i64, comm::ReduceOp::sum);
     for (int64_t x : recv) EXPECT_EQ(x, int64_t(P * (P + 1) / 2));
   }
   nccl.barrier();

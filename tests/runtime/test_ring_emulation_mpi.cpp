@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/emulated_link_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "runtime/backend.hpp"
 #include "launch/plan/cluster_model.hpp"
@@ -35,17 +36,16 @@ class RingOverEmulatedLink : public ::testing::Test {
     lse.resize(size_t(kH) * pos.size());
   }
 
-  // Forward passes over a link of `gbps` (0 = no emulation); the fastest of `repeats`.
+  // Forward passes over an emulated link of `gbps`; the fastest of `repeats`.
   PassStats forward(double gbps, double latency_us, int repeats = 2) {
-    comm->set_link_emulation({gbps, latency_us});
-    RingAttention ring(*comm, *backend, layout, mask, RingOptions{dims, DType::f32, Schedule::direct});
+    comm::EmulatedLinkCommunicator link(*comm, comm::LinkEmulation{gbps, latency_us});
+    RingAttention ring(link, *backend, layout, mask, RingOptions{dims, DType::f32, Schedule::direct});
     PassStats best;
     for (int i = 0; i < repeats; ++i) {
       comm->barrier();
       const PassStats s = ring.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
       if (i == 0 || s.seconds < best.seconds) best = s;
     }
-    comm->set_link_emulation({});
     return best;
   }
 

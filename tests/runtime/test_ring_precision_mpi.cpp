@@ -84,11 +84,12 @@ void check_ring(comm::Communicator& comm, const PrecisionCase& c, LayoutKind kin
 
   int failed = 0;
   if (rank == 0) {
-    const PrecisionOracle oracle(p, {kernels::SamePrecision::fp32, kernels::cpu_same_precision(c.dtype)});
+    const PrecisionOracle oracle(p, kernels::cpu_same_precision(c.dtype));
     const std::string what = std::string("ring P=") + std::to_string(P) + " " + layout_name(kind) + "/" +
                              schedule_name(schedule) + " " + c.describe();
     const PrecisionErrors e = oracle.judge(got);
-    std::printf("%s: %s\n", what.c_str(), describe_ratios(e).c_str());
+    const std::string who = "P=" + std::to_string(P) + " " + layout_name(kind) + "/" + schedule_name(schedule);
+    std::printf("%s\n", table_row(who, c, e).c_str());
     std::fflush(stdout);
     failed = !(worst_ratio(e) <= kFactor);
     EXPECT_FALSE(failed) << what << ": " << describe_ratios(e) << " (error / plain fp32 error)";

@@ -53,8 +53,8 @@ TEST(ShardLayout, StripedIsTokenModP) {
 }
 
 TEST(ShardLayout, RefusesFewerPositionsThanRanks) {
-  EXPECT_THROW(ShardLayout(LayoutKind::contiguous, 3, 4), UsageError);
-  EXPECT_THROW(parse_layout("diagonal"), UsageError);
+  EXPECT_THROW(ShardLayout(LayoutKind::contiguous, 3, 4), ArgumentError);
+  EXPECT_THROW(parse_layout("diagonal"), ArgumentError);
 }
 
 }  // namespace
@@ -98,7 +98,7 @@ TEST(ShardLayout, UlyssesMembersSplitTheirGroupsRows) {
           for (int64_t t = 0; t < L; ++t) EXPECT_GE(owner[size_t(t)], 0);
         }
       }
-  EXPECT_THROW(ShardLayout(LayoutKind::zigzag, 100, 4, 3), UsageError);
+  EXPECT_THROW(ShardLayout(LayoutKind::zigzag, 100, 4, 3), ArgumentError);
 }
 
 }  // namespace

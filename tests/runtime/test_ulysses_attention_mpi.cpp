@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "runtime/backend.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
+#include "runtime/placement.hpp"
 #include "runtime/ulysses_attention.hpp"
 #include "tests/support/mask_variants.hpp"
 #include "tests/support/sharded_reference.hpp"
@@ -83,6 +87,30 @@ std::vector<float> gather(comm::Communicator& comm, const std::vector<float>& mi
   return whole;
 }
 
+// The nodes the tests place groups on: those RINGATTN_TEST_NODES lists (ctest registers a run on
+// round-robin pretend nodes), else MPI's. Collective (the discovery runs either way).
+std::vector<int> test_nodes(comm::Communicator& comm) {
+  std::vector<int> nodes = find_nodes(comm).node_of_rank;
+  if (const char* pretend = std::getenv("RINGATTN_TEST_NODES"); pretend && *pretend) {
+    nodes.clear();
+    for (const char* c = pretend; *c;) {
+      char* end = nullptr;
+      nodes.push_back(int(std::strtol(c, &end, 10)));
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
+  return nodes;
+}
+
+// The hybrid of degree U over comm, its groups placed on test_nodes as a session places them.
+std::unique_ptr<UlyssesAttention> make_hybrid(comm::Communicator& comm, AttentionBackend& backend, LayoutKind layout,
+                                              int64_t L, const Mask& mask, const RingOptions& options, int U) {
+  const UlyssesPlacement placement = U > 1 ? place_ulysses_groups(test_nodes(comm), U) : UlyssesPlacement{};
+  auto groups = std::make_shared<UlyssesGroups>(make_ulysses_groups(
+      comm.rank(), comm.size(), placement, U, [&](int color, int key) { return comm.split(color, key); }));
+  return std::make_unique<UlyssesAttention>(comm, backend, layout, L, mask, options, groups);
+}
+
 // Runs the hybrid and checks this rank's rows against fp64 (tolerance as the ring's tests: a few
 // times the error of plain fp32 arithmetic); returns the gathered outputs.
 Whole run_and_check(comm::Communicator& comm, const Case& given) {
@@ -91,7 +119,8 @@ Whole run_and_check(comm::Communicator& comm, const Case& given) {
   SCOPED_TRACE(describe(c, mask) + " P=" + std::to_string(comm.size()) + " rank " + std::to_string(comm.rank()));
   const kernels::AttentionDims dims{c.B, c.H, c.Hkv, c.D, 1.0f / std::sqrt(float(c.D))};
   auto backend = make_cpu_backend(1);
-  UlyssesAttention attention(comm, *backend, c.layout, c.L, mask, RingOptions{dims, c.dtype, c.schedule}, c.ulysses);
+  const auto hybrid = make_hybrid(comm, *backend, c.layout, c.L, mask, RingOptions{dims, c.dtype, c.schedule}, c.ulysses);
+  UlyssesAttention& attention = *hybrid;
   const std::vector<int64_t>& pos = attention.positions();
   const int64_t rows = attention.rows();
   const auto q = rows_of(RandomTensor::q, c, c.H * c.D, pos), k = rows_of(RandomTensor::k, c, c.Hkv * c.D, pos);
@@ -99,7 +128,8 @@ Whole run_and_check(comm::Communicator& comm, const Case& given) {
   const auto qs = stored(q, c.dtype), ks = stored(k, c.dtype), vs = stored(v, c.dtype), ds = stored(d, c.dtype);
   std::vector<float> o(q.size()), lse(size_t(c.B * c.H * rows)), dq(q.size()), dk(k.size()), dv(v.size());
   attention.forward(qs.data(), ks.data(), vs.data(), o.data(), lse.data());
-  attention.backward(qs.data(), ks.data(), vs.data(), o.data(), lse.data(), ds.data(), dq.data(), dk.data(), dv.data());
+  attention.backward(qs.data(), ks.data(), vs.data(), o.data(), lse.data(), ds.data(), dq.data(), dk.data(), dv.data(),
+                     attention.last_forward());
 
   // The all-to-all traffic of the backward pass: dO in (H/U heads of this rank's rows to each
   // other member), dQ, dK and dV back (the other members' rows of this member's heads). A K/V head
@@ -169,7 +199,8 @@ TEST_F(UlyssesMpi, GroupsPartitionTheSequence) {
     const Mask mask;
     const kernels::AttentionDims dims{1, 12, 12, 16, 0.25f};
     auto backend = make_cpu_backend(1);
-    UlyssesAttention a(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
+    const auto hybrid = make_hybrid(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
+    UlyssesAttention& a = *hybrid;
     EXPECT_EQ(a.group_comm() ? a.group_comm()->size() : 1, U);
     EXPECT_EQ(a.ring().plan().steps().size(), size_t(comm->size() / U));
     EXPECT_EQ(a.ring().rank_at(a.group()), comm->rank());
@@ -186,13 +217,14 @@ TEST_F(UlyssesMpi, GroupsPartitionTheSequence) {
 // ranks' order), else U consecutive ranks. Under RINGATTN_TEST_NODES (registered with
 // round-robin pretend nodes) every test of this file runs on such a placement.
 TEST_F(UlyssesMpi, GroupsAreRanksOfOneNode) {
-  const std::vector<int> nodes = find_nodes(*comm);
+  const std::vector<int> nodes = test_nodes(*comm);
   for (int U : ulysses_degrees()) {
     if (U == 1) continue;
     const Mask mask;
     const kernels::AttentionDims dims{1, 12, 12, 16, 0.25f};
     auto backend = make_cpu_backend(1);
-    UlyssesAttention a(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
+    const auto hybrid = make_hybrid(*comm, *backend, LayoutKind::zigzag, 101, mask, RingOptions{dims}, U);
+    UlyssesAttention& a = *hybrid;
     // The group's members, by member index, and their nodes.
     std::vector<int> members(static_cast<size_t>(U));
     const int me = comm->rank();
@@ -285,7 +317,8 @@ TEST_F(UlyssesMpi, Bf16AndOneRowPerMember) {
   }
 }
 
-// The backward of tensors that are not the last forward's exchanges them again: same result.
+// A backward without the forward's handle (or with a stale one) exchanges its tensors again:
+// the same result as with the handle.
 TEST_F(UlyssesMpi, BackwardWithoutTheForwardsTensors) {
   const int U = ulysses_degrees().back();
   const Mask mask = mask_variant(1, 97);
@@ -293,34 +326,38 @@ TEST_F(UlyssesMpi, BackwardWithoutTheForwardsTensors) {
   Case c{U};
   c.L = 97, c.B = 1, c.H = 12, c.Hkv = U;
   auto backend = make_cpu_backend(1);
-  UlyssesAttention a(*comm, *backend, LayoutKind::zigzag, c.L, mask, RingOptions{dims}, U);
+  const auto hybrid = make_hybrid(*comm, *backend, LayoutKind::zigzag, c.L, mask, RingOptions{dims}, U);
+  UlyssesAttention& a = *hybrid;
   const auto& pos = a.positions();
   auto q = rows_of(RandomTensor::q, c, 12 * 16, pos), k = rows_of(RandomTensor::k, c, U * 16, pos);
   auto v = rows_of(RandomTensor::v, c, U * 16, pos), d = rows_of(RandomTensor::dout, c, 12 * 16, pos);
   std::vector<float> o(q.size()), lse(size_t(12 * a.rows())), dq1(q.size()), dk1(k.size()), dv1(v.size());
   a.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
-  a.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), d.data(), dq1.data(), dk1.data(), dv1.data());
+  const uint64_t saved = a.last_forward();
+  a.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), d.data(), dq1.data(), dk1.data(), dv1.data(), saved);
   std::vector<float> q2 = q, k2 = k, v2 = v, o2 = o, lse2 = lse, dq2(q.size()), dk2(k.size()), dv2(v.size());
   a.backward(q2.data(), k2.data(), v2.data(), o2.data(), lse2.data(), d.data(), dq2.data(), dk2.data(), dv2.data());
   EXPECT_EQ(dq1, dq2);
   EXPECT_EQ(dk1, dk2);
   EXPECT_EQ(dv1, dv2);
+  // The handle of a forward whose copies a later exchange replaced is stale: exchanged again too.
+  std::vector<float> dq3(q.size()), dk3(k.size()), dv3(v.size());
+  a.backward(q2.data(), k2.data(), v2.data(), o2.data(), lse2.data(), d.data(), dq3.data(), dk3.data(), dv3.data(),
+             saved);
+  EXPECT_EQ(dq1, dq3);
 }
 
-TEST_F(UlyssesMpi, BadDegreesAreUsageErrorsNamingBothValues) {
+TEST_F(UlyssesMpi, BadDegreesAreArgumentErrorsNamingBothValues) {
   auto message = [](int U, int P, int64_t H, int64_t Hkv) {
-    try {
-      check_ulysses(U, P, H, Hkv);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    const std::optional<ArgumentError> e = check_ulysses(U, P, H, Hkv);
+    EXPECT_TRUE(!e || e->argument() == "ulysses");
+    return e ? std::string(e->what()) : std::string();
   };
-  EXPECT_NE(message(3, 4, 12, 4).find("--ulysses 3"), std::string::npos);
+  EXPECT_NE(message(3, 4, 12, 4).find("ulysses 3"), std::string::npos);
   EXPECT_NE(message(3, 4, 12, 4).find("4 ranks"), std::string::npos);
-  EXPECT_NE(message(4, 4, 6, 2).find("6 heads"), std::string::npos);
-  EXPECT_NE(message(4, 8, 12, 6).find("--kv-heads 6"), std::string::npos);
-  EXPECT_NE(message(0, 4, 12, 4).find("--ulysses 0"), std::string::npos);
+  EXPECT_NE(message(4, 4, 6, 2).find("heads 6"), std::string::npos);
+  EXPECT_NE(message(4, 8, 12, 6).find("kv_heads 6"), std::string::npos);
+  EXPECT_NE(message(0, 4, 12, 4).find("ulysses 0"), std::string::npos);
   EXPECT_EQ(message(4, 8, 12, 2), "");
   EXPECT_EQ(message(2, 4, 12, 6), "");
 }

@@ -17,6 +17,10 @@ struct Outputs {
 
 struct RefOutputs {
   std::vector<double> o, lse, dq, dk, dv;
+  // What the rounding of the scores costs any implementation (kernels/error_rule.hpp): the largest
+  // |scaled score| of a visible pair, and per gradient element the sum of its terms' magnitudes.
+  double max_score = 0.0;
+  std::vector<double> dq_terms, dk_terms, dv_terms;
 };
 
 // fp64 forward and backward of the problem (the problem's inputs as they are).
@@ -26,7 +30,7 @@ inline RefOutputs run_reference(const Problem& p) {
   r.lse.assign(p.lse_elems(), 0.0);
   const MaskView mask = p.mask.view();
   kernels::reference_forward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
-                             p.rows_k(), mask, r.o.data(), r.lse.data());
+                             p.rows_k(), mask, r.o.data(), r.lse.data(), &r.max_score);
   std::vector<double> delta(p.lse_elems(), 0.0);
   const int64_t H = p.dims.heads, D = p.dims.head_dim, L = p.rows_q();
   for (int64_t b = 0; b < p.dims.batch; ++b)
@@ -42,9 +46,13 @@ inline RefOutputs run_reference(const Problem& p) {
   r.dq.assign(p.q_elems(), 0.0);
   r.dk.assign(p.k_elems(), 0.0);
   r.dv.assign(p.k_elems(), 0.0);
+  r.dq_terms.assign(p.q_elems(), 0.0);
+  r.dk_terms.assign(p.k_elems(), 0.0);
+  r.dv_terms.assign(p.k_elems(), 0.0);
+  const kernels::GradientMagnitudes terms{r.dq_terms.data(), r.dk_terms.data(), r.dv_terms.data()};
   kernels::reference_backward(p.dims, p.q.data(), p.q_pos.data(), p.rows_q(), p.k.data(), p.v.data(), p.k_pos.data(),
                               p.rows_k(), p.dout.data(), r.lse.data(), delta.data(), mask, r.dq.data(), r.dk.data(),
-                              r.dv.data());
+                              r.dv.data(), &terms);
   return r;
 }
 

@@ -1,19 +1,40 @@
 // GoogleTest when the build has it; otherwise a tiny stand-in with the same macros, so that the
 // GPU check builds its tests on a machine without GoogleTest (launch/gpu-check.sh). The
-// stand-in covers what tests/cuda uses: TEST, EXPECT_/ASSERT_ TRUE, FALSE, EQ, NE, LE, LT, GE,
-// GT, GTEST_SKIP, messages streamed with <<, and a main() that runs every test and exits
-// non-zero when one fails.
+// stand-in covers what tests/kernels/cuda uses: TEST, EXPECT_/ASSERT_ TRUE, FALSE, EQ, NE, LE, LT,
+// GE, GT, GTEST_SKIP, messages streamed with <<, tests registered at run time (register_test, for
+// tables of cases), and a main() that runs every test and exits non-zero when one fails.
 #pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
 
 #if defined(RINGATTN_HAVE_GTEST)
 #include <gtest/gtest.h>
+
+namespace ringattn::testing {
+
+// Registers SUITE.NAME, which runs `body` (before main() runs the tests: from a static initializer).
+inline void register_test(const std::string& suite, const std::string& name, const char* file, int line,
+                          std::function<void()> body) {
+  class Body : public ::testing::Test {
+   public:
+    explicit Body(std::function<void()> f) : f_(std::move(f)) {}
+    void TestBody() override { f_(); }
+
+   private:
+    std::function<void()> f_;
+  };
+  ::testing::RegisterTest(suite.c_str(), name.c_str(), nullptr, nullptr, file, line,
+                          [body = std::move(body)]() -> ::testing::Test* { return new Body(body); });
+}
+
+}  // namespace ringattn::testing
 #else
 
 #include <cstdio>
 #include <exception>
-#include <functional>
 #include <sstream>
-#include <string>
 #include <vector>
 
 namespace mini_gtest {
@@ -150,5 +171,14 @@ inline int run_all() {
 #define ASSERT_GE(a, b) MINI_GTEST_CMP(>=, a, b, return )
 #define ASSERT_GT(a, b) MINI_GTEST_CMP(>, a, b, return )
 #define GTEST_SKIP() return ::mini_gtest::SkipHelper() = ::mini_gtest::Message()
+
+namespace ringattn::testing {
+
+inline void register_test(const std::string& suite, const std::string& name, const char*, int,
+                          std::function<void()> body) {
+  ::mini_gtest::registry().push_back({suite + "." + name, std::move(body)});
+}
+
+}  // namespace ringattn::testing
 
 #endif  // RINGATTN_HAVE_GTEST

@@ -63,6 +63,17 @@ inline std::string describe_ratios(const PrecisionErrors& e) {
   return buf;
 }
 
+// The same as a row of the sweeps' Markdown table (README, "Long sums"):
+// | who | L | mask | D | dtype | O | LSE | dQ | dK | dV |
+inline std::string table_row(const std::string& who, const PrecisionCase& c, const PrecisionErrors& e) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "| %s | %lld | %s | %lld | %s | %.2f | %.2f | %.2f | %.2f | %.2f |", who.c_str(),
+                static_cast<long long>(c.L), c.causal ? "causal" : "none", static_cast<long long>(c.D),
+                dtype_name(c.dtype), precision_ratio(e.o), precision_ratio(e.lse), precision_ratio(e.dq),
+                precision_ratio(e.dk), precision_ratio(e.dv));
+  return buf;
+}
+
 // The largest ratio (NaN counts as infinite).
 inline double worst_ratio(const PrecisionErrors& e) {
   double w = 0.0;
@@ -75,19 +86,14 @@ inline double worst_ratio(const PrecisionErrors& e) {
 
 class PrecisionOracle {
  public:
-  // How the kernel under test rounds in each pass (SamePrecision::bf16_products where it rounds P,
-  // and in the backward dS, to bf16 before their products; the CPU's forward never does).
-  struct Rounding {
-    kernels::SamePrecision forward, backward;
-  };
-  // `p` must outlive the oracle.
-  PrecisionOracle(const Problem& p, Rounding rounding) : p_(p) {
-    const kernels::SamePrecision same = rounding.backward;
+  // `same`: how the kernel under test rounds, pass by pass (kernels/attention.hpp; e.g.
+  // cpu_same_precision, whose forward never rounds P). `p` must outlive the oracle.
+  PrecisionOracle(const Problem& p, kernels::SamePrecision same) : p_(p) {
     const int64_t L = p.rows_q(), H = p.dims.heads, Hkv = p.dims.kv_heads, D = p.dims.head_dim;
     if (p.dims.batch != 1 || p.rows_k() != L) throw std::invalid_argument("PrecisionOracle: batch 1, L x L");
     rows_ = judged_rows(L);
     const MaskView mask = p.mask.view();
-    forward_all(rounding.forward);
+    forward_all(same);
     kernels::add_deltas(p.dims, L, p.dout, st_);
 
     // dQ of the judged query rows, against every key.

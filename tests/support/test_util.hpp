@@ -9,7 +9,7 @@
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "kernels/reference.hpp"
-#include "kernels/types.hpp"
+#include "util/dtype.hpp"
 #include "kernels/mask/mask.hpp"
 
 namespace ringattn::testing {

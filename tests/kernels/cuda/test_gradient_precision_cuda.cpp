@@ -25,7 +25,6 @@ namespace ringattn::testing {
 namespace {
 
 using kernels::CudaKernel;
-using kernels::ElementType;
 
 constexpr double kFactor = 2.0;
 
@@ -71,14 +70,14 @@ std::vector<uint8_t> bytes_of(const std::vector<T>& x) {
 }
 
 // The problem's inputs as the kernels store them: fp32, or bf16 bits.
-std::vector<uint8_t> as_stored(const std::vector<float>& x, ElementType t) {
-  return t == ElementType::f32 ? bytes_of(x) : bytes_of(to_bf16(x));
+std::vector<uint8_t> as_stored(const std::vector<float>& x, DType t) {
+  return t == DType::f32 ? bytes_of(x) : bytes_of(to_bf16(x));
 }
 
 // Forward, delta and backward of the whole problem on the GPU (causal or no mask: no mask arrays),
 // the keys in `chunks` consecutive parts as a ring of that many ranks visits them: the forward
 // continues the partial state from part to part, the backward adds each part's gradients.
-Outputs run_cuda(const Problem& p, ElementType t, CudaKernel kernel, int chunks) {
+Outputs run_cuda(const Problem& p, DType t, CudaKernel kernel, int chunks) {
   const OnDevice<uint8_t> q(as_stored(p.q, t)), k(as_stored(p.k, t)), v(as_stored(p.v, t)),
       dout(as_stored(p.dout, t));
   const OnDevice<int64_t> q_pos(p.q_pos), k_pos(p.k_pos);
@@ -88,7 +87,7 @@ Outputs run_cuda(const Problem& p, ElementType t, CudaKernel kernel, int chunks)
   const int64_t L = p.rows_k(), kv_row = p.dims.kv_heads * p.dims.head_dim;
   const auto first = [&](int c) { return L * c / chunks; };
   const auto keys = [&](int c) {
-    const int64_t bytes = first(c) * kv_row * kernels::element_bytes(t);
+    const int64_t bytes = first(c) * kv_row * dtype_bytes(t);
     return kernels::CudaKeyValueRows{k.get() + bytes, v.get() + bytes, t, first(c + 1) - first(c),
                                      k_pos.get() + first(c)};
   };
@@ -110,15 +109,16 @@ Outputs run_cuda(const Problem& p, ElementType t, CudaKernel kernel, int chunks)
 
 void check_cuda(const PrecisionCase& c, CudaKernel kernel, int chunks = 1) {
   const Problem p = c.problem();
-  const ElementType t = kernels::element_type(c.dtype);
+  const DType t = c.dtype;
   const bool tensor_cores = kernel == CudaKernel::tensor_core;
-  const kernels::SamePrecision same =
-      tensor_cores ? kernels::SamePrecision::bf16_products : kernels::SamePrecision::fp32;
-  const PrecisionOracle oracle(p, {same, same});
+  const PrecisionOracle oracle(p, tensor_cores ? kernels::SamePrecision::bf16_products()
+                                               : kernels::SamePrecision::fp32());
   const PrecisionErrors e = oracle.judge(run_cuda(p, t, kernel, chunks));
   const std::string what = std::string("cuda ") + (tensor_cores ? "tensor_core " : "simple ") + c.describe() +
                            (chunks > 1 ? " in " + std::to_string(chunks) + " key parts" : "");
-  std::printf("%s: %s\n", what.c_str(), describe_ratios(e).c_str());
+  const std::string who = std::string(tensor_cores ? "cuda tensor_core" : "cuda simple") +
+                          (chunks > 1 ? ", keys in " + std::to_string(chunks) + " parts" : "");
+  std::printf("%s\n", table_row(who, c, e).c_str());
   std::fflush(stdout);
   EXPECT_LE(worst_ratio(e), kFactor) << what << ": " << describe_ratios(e) << " (error / plain fp32 error)";
 }

@@ -262,5 +262,30 @@ TEST(Calibration, FitsTheMachinesOwnLink) {
   for (const Comparison& c : compare(points, cal.machine)) EXPECT_LT(c.worst_error(), 0.01) << c.point->ranks;
 }
 
+// A point that spanned nodes (the JSON's nodes, as on the cluster in a box) has ranks / nodes on
+// each, and its K/V crosses the link between nodes; on one node, the machine's own link.
+TEST(Calibration, APointOnSeveralNodesCrossesTheLinkBetweenThem) {
+  ClusterSpec machine = pure_cluster(180.0, 0.0, 0.0, 1);  // the machine's own link: unlimited
+  machine.inter = {0.01, 100.0};                             // between nodes: 10 MB/s
+  MeasuredPoint m;
+  m.workload = small_workload(4096, LayoutKind::zigzag, Schedule::direct, true);
+  m.mask.causal = true;
+  m.ranks = 4;
+  EXPECT_EQ(machine_for(machine, m).ranks_per_node, 4);
+  m.nodes = 2;
+  EXPECT_EQ(machine_for(machine, m).ranks_per_node, 2);
+  m.nodes = 4;
+  const ClusterSpec apart = machine_for(machine, m);
+  EXPECT_EQ(apart.ranks_per_node, 1);
+  const Prediction across = predict(apart, m.workload, m.mask.view(), 4);
+  m.nodes = 1;
+  const Prediction inside = predict(machine_for(machine, m), m.workload, m.mask.view(), 4);
+  // Across nodes every step waits for 128 KiB of K/V at 10 MB/s (13 ms; the step computes for 1 ms).
+  EXPECT_GT(across.forward.seconds, 3 * 0.0131);
+  EXPECT_GT(across.forward.exposed_fraction, 0.8);
+  EXPECT_LT(inside.forward.seconds, 0.25 * across.forward.seconds);
+  EXPECT_EQ(inside.forward.exposed_fraction, 0.0);
+}
+
 }  // namespace
 }  // namespace ringattn

@@ -58,7 +58,7 @@ void expect_error(const std::function<void()>& fn, const std::string& who, const
     EXPECT_NE(message.find(reason), std::string::npos) << message;
   }
 }
-const auto expect_usage_error = expect_error<UsageError>;
+const auto expect_usage_error = expect_error<ArgumentError>;
 
 // --- the bytes NumPy writes -------------------------------------------------------------------
 
@@ -323,7 +323,7 @@ TEST_F(NpyTest, FileThatShrinksAfterInspectionIsAFault) {
   fs::resize_file(file("x.npy"), 200);
   const std::vector<int64_t> positions = {7};
   std::vector<float> out(8);
-  EXPECT_THROW(read_npy_rows(info, rows_along(info.shape, 0, positions), out.data()), RuntimeFault);
+  EXPECT_THROW(read_npy_rows(info, rows_along(info.shape, 0, positions), out.data()), Fault);
 }
 
 TEST_F(NpyTest, AcceptsTrailingBytesAfterTheData) {
@@ -400,9 +400,9 @@ TEST_F(NpyTest, RejectsMalformedHeaders) {
       {npy_file("{'descr': '|O', 'fortran_order': False, 'shape': (1,)}", "abcdefgh"), "unsupported dtype '|O'"},
       {npy_file("{'descr': '<U3', 'fortran_order': False, 'shape': (1,)}", "abcdefghijkl"), "unsupported dtype '<U3'"},
       {npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}", std::string(23, '\0')),
-       "header claims shape (2, 3) float32 = 24 bytes of data but the file holds 23 bytes after its"},
+       "header claims shape (2, 3) float32 = 24 B of data but the file holds 23 bytes after its"},
       {npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 8, 128), }", std::string(1234, '\0')),
-       "header claims shape (1000000000, 8, 128) float32 = 4.1 TB of data but the file holds 1234 bytes"},
+       "header claims shape (1000000000, 8, 128) float32 = 3.7 TiB of data but the file holds 1234 bytes"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write_file("bad" + std::to_string(i) + ".npy", cases[i].bytes);
@@ -480,8 +480,8 @@ TEST_F(NpyTest, FailedWriteLeavesNothingAtTheFinalPath) {
 TEST_F(NpyTest, RanksMustAgreeOnTheOutput) {
   const std::string path = file("o.npy");
   NpyOutput out = NpyOutput::create(path, "--out", {4, 3});
-  EXPECT_THROW(NpyOutput::open(path, out.temp_path(), "--out", {4, 2}), RuntimeFault);
-  EXPECT_THROW(NpyOutput::open(path, out.temp_path() + "x", "--out", {4, 3}), RuntimeFault);
+  EXPECT_THROW(NpyOutput::open(path, out.temp_path(), "--out", {4, 2}), Fault);
+  EXPECT_THROW(NpyOutput::open(path, out.temp_path() + "x", "--out", {4, 3}), Fault);
 }
 
 TEST_F(NpyTest, RejectsUnusableOutputPaths) {
@@ -516,8 +516,8 @@ TEST_F(NpyTest, FullDiskFailsWhenReservingAndLeavesNothing) {
   const std::string path = file("o.npy");
   {
     FileSizeLimit limit(4096);
-    expect_error<RuntimeFault>([&] { NpyOutput::create(path, "--out", {1024, 1024}); }, "--out " + path,
-                               "cannot reserve 4.19 MB");
+    expect_error<Fault>([&] { NpyOutput::create(path, "--out", {1024, 1024}); }, "--out " + path,
+                               "cannot reserve 4.0 MiB");
   }
   EXPECT_TRUE(entries().empty());
 }
@@ -529,7 +529,7 @@ TEST_F(NpyTest, FailedRowWriteIsAFaultAndLeavesNothing) {
   {
     NpyOutput out = NpyOutput::create(path, "--out", {1024, 1024});
     FileSizeLimit limit(4096);
-    expect_error<RuntimeFault>([&] { out.write_rows(rows_along({1024, 1024}, 0, positions), rows.data()); },
+    expect_error<Fault>([&] { out.write_rows(rows_along({1024, 1024}, 0, positions), rows.data()); },
                                "--out " + path, "write of 8192 bytes at offset");
   }
   EXPECT_TRUE(entries().empty());

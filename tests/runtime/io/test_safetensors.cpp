@@ -1,5 +1,5 @@
 // The safetensors reader and writer: a written file reads back (whole and by rows), float16 and
-// bfloat16 are converted exactly, and each kind of malformed header is refused with a UsageError
+// bfloat16 are converted exactly, and each kind of malformed header is refused with a ArgumentError
 // naming the file and the tensor.
 #include "runtime/io/safetensors.hpp"
 
@@ -34,11 +34,11 @@ class SafetensorsTest : public ::testing::Test {
     std::ofstream(path, std::ios::binary) << bytes << header << data;
     return path;
   }
-  // The message of the UsageError inspect_safetensors throws ("" when it accepts).
+  // The message of the ArgumentError inspect_safetensors throws ("" when it accepts).
   static std::string refusal(const std::string& path) {
     try {
       inspect_safetensors(path, "--weights");
-    } catch (const UsageError& e) {
+    } catch (const ArgumentError& e) {
       return e.what();
     }
     return "";
@@ -132,7 +132,7 @@ TEST_F(SafetensorsTest, MalformedFilesAreRefusedNamingTheTensor) {
   auto require = [&](const std::string& name, std::vector<int64_t> shape) {
     try {
       require_float_tensor(info, name, shape);
-    } catch (const UsageError& e) {
+    } catch (const ArgumentError& e) {
       return std::string(e.what());
     }
     return std::string();

@@ -19,9 +19,10 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
-#include "comm/stopwatch.hpp"
+#include "util/stopwatch.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/lora/layer.hpp"
+#include "runtime/session.hpp"
 #include "tests/support/test_util.hpp"
 
 using namespace ringattn;
@@ -34,7 +35,7 @@ double median(std::vector<double> v) {
 }
 
 double slowest(comm::Communicator& comm, double seconds) {
-  comm.allreduce(&seconds, 1, comm::DataType::f64, comm::ReduceOp::max);
+  comm.allreduce(&seconds, 1, DType::f64, comm::ReduceOp::max);
   return seconds;
 }
 
@@ -57,13 +58,13 @@ int main(int argc, char** argv) {
     c.bias = {true, true, true, false};  // Qwen2-style
     c.rope.theta = 10000.0;
     c.threads = 1;
-    Mask mask;
-    mask.causal = true;
-    const ShardLayout layout(LayoutKind::zigzag, c.seq_len, comm->size());
+    AttentionSpec spec;
+    spec.mask.causal = true;
+    spec.layout = SequenceLayout::zigzag;
     ContextOptions options;
     options.threads = c.threads;
-    Context context(MPI_COMM_WORLD, options);
-    LoraLayer layer(context, c, layout, mask);
+    Session session(MPI_COMM_WORLD, SessionOptions{options, {}});
+    LoraLayer layer(session, c, spec);
     for (int p = 0; p < kProjections; ++p) {
       fill_normal(layer.projection(p), ProjectionPart::w0, 1, 40 + p, 0.03f);
       fill_normal(layer.projection(p), ProjectionPart::lora_a, 1, 50 + p, 0.03f);
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
     std::vector<float> y(n), dx(n);
 
     // The parts: the four projections with whole local parameters, and the attention of the same
-    // shape through the same API.
+    // shape through the same session (the layer's plan).
     std::vector<std::vector<float>> storage(kProjections);
     std::vector<GatheredProjection> whole(kProjections);
     for (int p = 0; p < kProjections; ++p) {
@@ -91,9 +92,9 @@ int main(int argc, char** argv) {
       fill(whole[size_t(p)].b, size_t(s.out * s.rank), 30 + p);
       if (s.bias) std::fill(whole[size_t(p)].bias, whole[size_t(p)].bias + s.out, 0.1f);
     }
-    const std::unique_ptr<LayerOps> ops = make_layer_ops(context.backend(), c.threads);
+    const std::unique_ptr<LayerOps> ops = make_layer_ops(session.backend(), c.threads);
     const Shard shard{c.batch, layer.rows(), c.heads, c.kv_heads, D, ElementType::float32};
-    const AttentionSpec spec = api::attention_spec(mask, layout.kind(), c.schedule, 0.0, 1);
+    UlyssesAttention& attention = session.plan(shard, spec, c.seq_len).attention();
     const std::vector<float> q = testing::random_vector(size_t(N * c.heads * D), 3);
     const std::vector<float> k = testing::random_vector(size_t(N * c.kv_heads * D), 4), v = k;
     std::vector<float> o(q.size()), lse(size_t(c.batch * c.heads * layer.rows())), dq(q.size()), dk(k.size()),
@@ -103,21 +104,21 @@ int main(int argc, char** argv) {
     auto parts = [&] {
       double t = 0;
       for (int p = 0; p < kProjections; ++p) {
-        const comm::Stopwatch w;
+        const Stopwatch w;
         projection_forward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), N,
                            proj_out.data(), u.data(), u.data());
         t += w.seconds();
       }
       comm->barrier();
-      const comm::Stopwatch a;
-      context.forward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data());
-      context.backward(shard, spec, q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(),
-                       dv.data());
+      const Stopwatch a;
+      attention.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
+      attention.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), q.data(), dq.data(), dk.data(), dv.data(),
+                         attention.last_forward());
       t += a.seconds();
       for (int p = kProjections - 1; p >= 0; --p) {
         const ProjectionShape& s = whole[size_t(p)].shape;
         std::fill(grads.begin(), grads.end(), 0.0f);
-        const comm::Stopwatch w;
+        const Stopwatch w;
         projection_backward(*ops, whole[size_t(p)], c.scaling(), p == kOutput ? o.data() : x.data(), u.data(),
                             p == kOutput ? dy.data() : p == kQuery ? dq.data() : dk.data(), N,
                             p == kOutput ? proj_out.data() : dx.data(), p != kValue && p != kOutput, grads.data(),
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
     };
     auto whole_layer = [&] {
       comm->barrier();
-      const comm::Stopwatch t;
+      const Stopwatch t;
       layer.forward(x.data(), y.data());  // (host memory: the CPU backend's)
       layer.backward(x.data(), dy.data(), dx.data());
       return slowest(*comm, t.seconds());

@@ -45,7 +45,7 @@ ContextOptions context_options() {
 struct Ranks {
   MPI_Comm mpi = MPI_COMM_NULL;
   std::unique_ptr<comm::Communicator> comm;
-  std::unique_ptr<Context> context;
+  std::unique_ptr<Session> session;
 
   explicit Ranks(bool alone) {
     int rank = 0;
@@ -57,10 +57,10 @@ struct Ranks {
     // A rank alone moves nothing; over MPI (host-staged with CUDA), since emulated NCCL
     // communicators span every rank of the job.
     if (alone) options.comm = "mpi";
-    context = std::make_unique<Context>(mpi, options);
+    session = std::make_unique<Session>(mpi, SessionOptions{options, {}});
   }
   ~Ranks() {
-    context.reset();
+    session.reset();
     comm.reset();
     MPI_Comm_free(&mpi);
   }
@@ -95,7 +95,7 @@ double step(comm::Communicator& comm, LoraLayer& layer, LoraOptimizer& optimizer
 struct LayerCase {
   LayoutKind layout = LayoutKind::contiguous;
   Schedule schedule = Schedule::direct;
-  int mask = 0;
+  int mask = 0;  // tests/support/mask_variants.hpp
   int64_t B = 2, L = 67, d = 64, H = 4, Hkv = 2, r = 4;
   double alpha = 8.0;
   std::array<bool, kProjections> lora{true, true, true, true};
@@ -106,9 +106,17 @@ struct LayerCase {
   LayerConfig config() const {
     LayerConfig c;
     c.batch = B, c.seq_len = L, c.d_model = d, c.heads = H, c.kv_heads = Hkv;
-    c.lora_rank = r, c.lora_alpha = alpha, c.lora = lora, c.dtype = dtype, c.schedule = schedule, c.threads = 1;
+    c.lora_rank = r, c.lora_alpha = alpha, c.lora = lora, c.dtype = dtype, c.threads = 1;
     c.bias = bias, c.rope = rope;
     return c;
+  }
+  AttentionSpec spec() const {
+    AttentionSpec s = spec_variant(mask, L);
+    s.layout = layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
+               : layout == LayoutKind::striped ? SequenceLayout::striped
+                                               : SequenceLayout::contiguous;
+    s.schedule = schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+    return s;
   }
   std::string describe(const Mask& m, int P) const {
     return std::string(layout_name(layout)) + "/" + schedule_name(schedule) + "/" + m.describe() + "/" +
@@ -204,12 +212,11 @@ class LoraLayerMpi : public ::testing::Test {
 };
 
 // Forward and backward of one case on the context's ranks, each rank checking its rows and slices.
-void check_against_fp64(Context& context, const LayerCase& c, double tol) {
-  const int P = context.size();
+void check_against_fp64(Session& session, const LayerCase& c, double tol) {
+  const int P = session.size();
   const Mask mask = mask_variant(c.mask, c.L);
-  SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(context.rank()) + " on " + context.options().backend);
-  const ShardLayout layout(c.layout, c.L, P);
-  LoraLayer layer(context, c.config(), layout, mask);
+  SCOPED_TRACE(c.describe(mask, P) + " rank " + std::to_string(session.rank()) + " on " + session.options().backend);
+  LoraLayer layer(session, c.config(), c.spec());
   const RefLayer ref = make_reference(c, mask, 100);
   load(layer, ref);
   const std::vector<float> x = random_vector(size_t(c.B * c.L * c.d), 7), dy = random_vector(x.size(), 8);
@@ -244,7 +251,7 @@ TEST_F(LoraLayerMpi, EveryLayoutScheduleAndMaskMatchesFp64) {
       for (int m = 0; m < kMaskVariants; ++m) {
         LayerCase c;
         c.layout = layout, c.schedule = schedule, c.mask = m;
-        check_against_fp64(*world->context, c, kFp32Tolerance);
+        check_against_fp64(*world->session, c, kFp32Tolerance);
       }
 }
 
@@ -258,18 +265,18 @@ TEST_F(LoraLayerMpi, RopeAndBiasesMatchFp64OnEveryLayout) {
         c.layout = layout, c.mask = 1;
         c.bias = {true, true, true, true};
         c.rope.theta = 10000.0, c.rope.interleaved = interleaved, c.rope.dims = dims;
-        check_against_fp64(*world->context, c, kFp32Tolerance);
+        check_against_fp64(*world->session, c, kFp32Tolerance);
         c.mask = 5;  // causal over two packed documents: positions restart in the second
         c.rope.per_document = true;
         c.rope.theta = 500.0;
-        check_against_fp64(*world->context, c, kFp32Tolerance);
+        check_against_fp64(*world->session, c, kFp32Tolerance);
       }
   LayerCase qwen;  // Qwen2: biases on q, k, v only, rope over the whole head, MQA, two LoRA targets
   qwen.bias = {true, true, true, false};
   qwen.lora = {true, false, true, false};
   qwen.Hkv = 1, qwen.mask = 7, qwen.layout = LayoutKind::zigzag;
   qwen.rope.theta = 1e6;
-  check_against_fp64(*world->context, qwen, kFp32Tolerance);
+  check_against_fp64(*world->session, qwen, kFp32Tolerance);
 }
 
 TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {
@@ -278,10 +285,10 @@ TEST_F(LoraLayerMpi, PartialLoraMqaAndOneRowPerRank) {
   c.Hkv = 1, c.B = 1, c.d = 32, c.H = 2, c.r = 3, c.alpha = 3;
   c.mask = 1;
   c.layout = LayoutKind::zigzag;
-  check_against_fp64(*world->context, c, kFp32Tolerance);
+  check_against_fp64(*world->session, c, kFp32Tolerance);
   c.L = world->comm->size();  // one position per rank
   c.layout = LayoutKind::striped;
-  check_against_fp64(*world->context, c, kFp32Tolerance);
+  check_against_fp64(*world->session, c, kFp32Tolerance);
 }
 
 // bf16: the ring stores Q, K, V and dO in bf16 and every GEMM takes bf16 operands (8 bits of
@@ -291,11 +298,11 @@ TEST_F(LoraLayerMpi, Bf16AttentionStorageAndGemms) {
   c.dtype = DType::bf16;
   c.mask = 1;
   c.layout = LayoutKind::zigzag;
-  check_against_fp64(*world->context, c, 3e-2);
+  check_against_fp64(*world->session, c, 3e-2);
   c.bias = {true, true, true, true};  // with RoPE and biases too
   c.rope.theta = 10000.0;
   c.mask = 5;
-  check_against_fp64(*world->context, c, 3e-2);
+  check_against_fp64(*world->session, c, 3e-2);
 }
 
 // One training step (MSE against a target) against the fp64 step, comparing the updates.
@@ -305,8 +312,7 @@ void check_training_step(Ranks& ranks, OptimizerKind kind, double lr) {
   c.mask = 1, c.layout = LayoutKind::zigzag;
   const Mask mask = mask_variant(c.mask, c.L);
   SCOPED_TRACE(std::string(optimizer_name(kind)) + " P=" + std::to_string(comm.size()));
-  const ShardLayout layout(c.layout, c.L, comm.size());
-  LoraLayer layer(*ranks.context, c.config(), layout, mask);
+  LoraLayer layer(*ranks.session, c.config(), c.spec());
   RefLayer ref = make_reference(c, mask, 200);
   load(layer, ref);
   const RefLayer before = ref;
@@ -358,8 +364,7 @@ TEST_F(LoraLayerMpi, TrainingEqualsSingleProcess) {
   const Mask mask = mask_variant(c.mask, c.L);
   const std::vector<float> target = random_vector(size_t(c.B * c.L * c.d), 11, 0.5f);
   auto train = [&](Ranks& on, OptimizerKind kind) {
-    auto layer =
-        std::make_unique<LoraLayer>(*on.context, c.config(), ShardLayout(c.layout, c.L, on.comm->size()), mask);
+    auto layer = std::make_unique<LoraLayer>(*on.session, c.config(), c.spec());
     load(*layer, make_reference(c, mask, 300));
     OptimizerOptions options;
     options.kind = kind, options.lr = kind == OptimizerKind::sgd ? 0.2 : 1e-2;
@@ -396,13 +401,12 @@ TEST_F(LoraLayerMpi, MergedWeightsGiveTheSameOutputWithoutLora) {
   LayerCase c;
   c.mask = 3;
   const Mask mask = mask_variant(c.mask, c.L);
-  const ShardLayout layout(c.layout, c.L, world->comm->size());
-  LoraLayer layer(*world->context, c.config(), layout, mask);
+  LoraLayer layer(*world->session, c.config(), c.spec());
   const RefLayer ref = make_reference(c, mask, 400);
   load(layer, ref);
   LayerCase plain = c;
   plain.lora.fill(false);
-  LoraLayer merged(*world->context, plain.config(), layout, mask);
+  LoraLayer merged(*world->session, plain.config(), plain.spec());
   for (int p = 0; p < kProjections; ++p) {
     const std::vector<float> rows = layer.merged_rows(p);
     const ShardedProjection& proj = merged.projection(p);
@@ -426,8 +430,7 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   LayerCase c;
   c.d = 128, c.H = 8, c.Hkv = 2, c.r = 8, c.B = 1;
   const int P = world->comm->size();
-  const ShardLayout layout(c.layout, c.L, P);
-  LoraLayer layer(*world->context, c.config(), layout, Mask());
+  LoraLayer layer(*world->session, c.config(), c.spec());
   size_t slack = 0, largest = 0;  // one more row of W0 and B and one more column of A, per projection
   for (int p = 0; p < kProjections; ++p) {
     const ProjectionShape& s = layer.projection(p).shape();
@@ -439,7 +442,7 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
   EXPECT_LE(mine, full / size_t(P) + slack);
   EXPECT_GE(mine + slack, full / size_t(P));
   uint64_t sum = mine;
-  world->comm->allreduce(&sum, 1, comm::DataType::i64, comm::ReduceOp::sum);
+  world->comm->allreduce(&sum, 1, DType::i64, comm::ReduceOp::sum);
   EXPECT_EQ(sum, full);  // every parameter held exactly once
   const std::vector<float> x(layer.activation_elements(), 0.5f);
   backward(layer, x, forward(layer, x));
@@ -452,13 +455,12 @@ TEST_F(LoraLayerMpi, ParametersHeldPerRankAreAboutOneOverP) {
 TEST_F(LoraLayerMpi, DemoLossCurveIsIndependentOfRanks) {
   LayerCase c;
   c.B = 1, c.L = 128, c.d = 64, c.H = 4, c.Hkv = 2, c.alpha = 4;
-  Mask mask;
-  mask.causal = true;
+  c.layout = LayoutKind::zigzag, c.mask = 1;  // causal
   DemoOptions options;
   options.steps = 40;
   options.optimizer.lr = 0.02;
   auto run = [&](Ranks& on) {
-    LoraLayer student(*on.context, c.config(), ShardLayout(LayoutKind::zigzag, c.L, on.comm->size()), mask);
+    LoraLayer student(*on.session, c.config(), c.spec());
     return run_lora_demo(*on.comm, student, options);
   };
   const std::vector<double> sharded = run(*world);
