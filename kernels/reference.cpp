@@ -19,6 +19,17 @@ T product_operand(T x, DType type) {
   return x;
 }
 
+// The plain fp32 computation sums the way an fp32 GEMM does (what "fp32 PyTorch" runs): each long
+// sum (over keys: O, the softmax sum, dQ; over query rows: dK, dV, per query head) is formed in
+// panels of kSumPanel consecutive terms, each panel summed from zero and the panels added in
+// order, as BLAS kernels keep a panel of the inner dimension in registers (OpenBLAS's and MKL's
+// kc: a few hundred); a GQA group's heads are summed last, as the gradient of repeating K and V
+// for each head is. One sequential chain over the sequence (as this file summed before) rounds
+// every term against the whole running sum: at L = 4096 its errors were 2.4-8x those of fp32
+// PyTorch on the same inputs (LSE, dK and dV the most); this model's are 0.8-1.5x (README,
+// "Precision contract"), so a kernel judged against it is judged against fp32 PyTorch.
+constexpr int64_t kSumPanel = 256;
+
 float rounded_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // Keys [first, last) of one query row that the mask may show: with keys in ascending positions
@@ -69,7 +80,7 @@ void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_po
                   double* max_abs_score = nullptr, SamePrecision precision = SamePrecision::fp32()) {
   const int64_t H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<T> s(static_cast<size_t>(k_rows));
+  std::vector<T> s(static_cast<size_t>(k_rows)), panel_o(static_cast<size_t>(D));
   for_each_row(dims, q_pos, q_rows, k_pos, k_rows, mask, [&](int64_t b, int64_t i, int64_t h, int64_t kvh, KeySpan span) {
     const float* qi = q + ((b * q_rows + i) * H + h) * D;
     T* oi = o + ((b * q_rows + i) * H + h) * D;
@@ -84,15 +95,22 @@ void forward_impl(const AttentionDims& dims, const float* q, const int64_t* q_po
       lse[(b * H + h) * q_rows + i] = neg_inf;
       return;
     }
-    T sum = 0;
+    T sum = 0, panel_sum = 0;
+    std::fill(panel_o.begin(), panel_o.end(), T(0));
+    auto add_panel = [&] {
+      sum += panel_sum, panel_sum = 0;
+      for (int64_t d = 0; d < D; ++d) oi[d] += panel_o[d], panel_o[d] = 0;
+    };
     for (int64_t j = span.first; j < span.last; ++j) {
+      if (j > span.first && j % kSumPanel == 0) add_panel();
       if (s[j] == neg_inf) continue;
       const T p = std::exp(s[j] - m);
-      sum += p;
+      panel_sum += p;
       const T pv = product_operand(p, precision.forward_products);
       const float* vj = v + ((b * k_rows + j) * Hkv + kvh) * D;
-      for (int64_t d = 0; d < D; ++d) oi[d] += pv * T(vj[d]);
+      for (int64_t d = 0; d < D; ++d) panel_o[d] += pv * T(vj[d]);
     }
+    add_panel();
     for (int64_t d = 0; d < D; ++d) oi[d] /= sum;
     lse[(b * H + h) * q_rows + i] = m + std::log(sum);
   });
@@ -103,19 +121,34 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
                    const float* v, const int64_t* k_pos, int64_t k_rows, const float* dout, const T* lse,
                    const T* delta, const MaskView& mask, T* dq, T* dk, T* dv,
                    const GradientMagnitudes* magnitude = nullptr, SamePrecision precision = SamePrecision::fp32()) {
-  const int64_t H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim;
+  const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, D = dims.head_dim, group = H / Hkv;
   const T scale = dims.scale;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<T> s(static_cast<size_t>(k_rows));
+  std::vector<T> s(static_cast<size_t>(k_rows)), panel_dq(static_cast<size_t>(D));
+  // dK and dV per query head (B, k_rows, H, D), in panels of query rows: `panel_*` holds the
+  // current panel's sums, added to `head_*` when the next panel starts.
+  const size_t head_elems = static_cast<size_t>(B * k_rows * H * D);
+  std::vector<T> head_dk(dk ? head_elems : 0), head_dv(dv ? head_elems : 0);
+  std::vector<T> panel_dk(head_dk.size()), panel_dv(head_dv.size());
+  auto add_panels = [&] {
+    for (size_t e = 0; e < head_dk.size(); ++e) head_dk[e] += panel_dk[e], panel_dk[e] = 0;
+    for (size_t e = 0; e < head_dv.size(); ++e) head_dv[e] += panel_dv[e], panel_dv[e] = 0;
+  };
   for_each_row(dims, q_pos, q_rows, k_pos, k_rows, mask, [&](int64_t b, int64_t i, int64_t h, int64_t kvh, KeySpan span) {
+    if (h == 0 && i > 0 && i % kSumPanel == 0) add_panels();
     const T l = lse[(b * H + h) * q_rows + i];
     if (l == neg_inf) return;  // a row that sees no key contributes nothing
     const float* qi = q + ((b * q_rows + i) * H + h) * D;
     const float* doi = dout + ((b * q_rows + i) * H + h) * D;
     T* dqi = dq ? dq + ((b * q_rows + i) * H + h) * D : nullptr;
     const T di = delta[(b * H + h) * q_rows + i];
+    std::fill(panel_dq.begin(), panel_dq.end(), T(0));
+    auto add_dq_panel = [&] {
+      for (int64_t d = 0; d < D; ++d) dqi[d] += panel_dq[d], panel_dq[d] = 0;
+    };
     score_row(dims, qi, q_pos[i], k, k_pos, k_rows, span, b, kvh, mask, s);
     for (int64_t j = span.first; j < span.last; ++j) {
+      if (dqi && j > span.first && j % kSumPanel == 0) add_dq_panel();
       if (s[j] == neg_inf) continue;
       const T p = std::exp(s[j] - l);
       const float* kj = k + ((b * k_rows + j) * Hkv + kvh) * D;
@@ -124,12 +157,11 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
       for (int64_t d = 0; d < D; ++d) dp += T(doi[d]) * T(vj[d]);
       const T ds = product_operand(p * (dp - di) * scale, precision.backward_products);
       const T pv = product_operand(p, precision.backward_products);
-      T* dkj = dk ? dk + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
-      T* dvj = dv ? dv + ((b * k_rows + j) * Hkv + kvh) * D : nullptr;
+      const size_t he = static_cast<size_t>(((b * k_rows + j) * H + h) * D);
       for (int64_t d = 0; d < D; ++d) {
-        if (dqi) dqi[d] += ds * T(kj[d]);
-        if (dkj) dkj[d] += ds * T(qi[d]);
-        if (dvj) dvj[d] += pv * T(doi[d]);
+        if (dqi) panel_dq[d] += ds * T(kj[d]);
+        if (dk) panel_dk[he + d] += ds * T(qi[d]);
+        if (dv) panel_dv[he + d] += pv * T(doi[d]);
       }
       if (magnitude) {
         const double ds_abs = double(p) * (std::abs(double(dp)) + std::abs(double(di))) * std::abs(double(scale));
@@ -141,7 +173,22 @@ void backward_impl(const AttentionDims& dims, const float* q, const int64_t* q_p
         }
       }
     }
+    if (dqi) add_dq_panel();
   });
+  if (!dk && !dv) return;
+  add_panels();
+  // A K/V head's gradient: the sum of its group's query heads.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < k_rows; ++j)
+      for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+        for (int64_t g = 0; g < group; ++g) {
+          const size_t he = static_cast<size_t>(((b * k_rows + j) * H + kvh * group + g) * D);
+          const int64_t ke = ((b * k_rows + j) * Hkv + kvh) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            if (dk) dk[ke + d] += head_dk[he + d];
+            if (dv) dv[ke + d] += head_dv[he + d];
+          }
+        }
 }
 
 }  // namespace

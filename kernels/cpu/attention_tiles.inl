@@ -20,7 +20,8 @@ constexpr int BC = Isa::kKeyBlock;    // key block rows (forward)
 constexpr int BCB = Isa::kBackwardKeyBlock;  // key block rows of a backward item
 constexpr int R = Isa::kRows;         // broadcast rows per micro-kernel step
 constexpr int GV = Isa::kGradVecs;    // head-dim vectors per dK/dV micro-kernel step
-constexpr float kLn2 = 0.693147180559945309f;
+constexpr double kLn2d = 0.693147180559945309;
+constexpr double kLog2ed = 1.44269504088896340736;
 constexpr float kNegInf = -__builtin_inff();
 // The running max of a lane that has seen no key: finite, so that 2^(s - m) of a masked (-inf)
 // score is 0 and never 2^(-inf - -inf) = NaN, on every path and in every rescale.
@@ -205,6 +206,9 @@ inline void scores_bf16(const uint32_t* yt, int D, const bf16_bits* x, int64_t x
 // Ot[d][:] = alpha * Ot[d][:] + sum_j X[j][d] * PT[j][:] for the RR head-dim rows starting at d0,
 // X[j][d] at x[j * xs + d * xd]. X is V (forward: O += P V) or K (backward: dQ += dS K), read as
 // V^T or K^T blocks [D][BC] (xs = 1, xd = BC) so that each head dim's keys are contiguous.
+// The block's sum is formed from zero and then added, as a GEMM adds one panel of its inner
+// dimension at a time: continued from Ot, each key's term would be rounded against the sum of
+// every earlier block (a chain as long as the sequence; see grad_rows).
 template <int RR, bool kRescale>
 inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const float* x, int64_t xs, int64_t xd,
                              const V* alpha) {
@@ -212,10 +216,7 @@ inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const fl
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      acc[r][v] = Isa::load(ot + (d0 + r) * BR + v * W);
-      if constexpr (kRescale) acc[r][v] = Isa::mul(acc[r][v], alpha[v]);
-    }
+    for (int v = 0; v < NV; ++v) acc[r][v] = Isa::zero();
   for (int j = 0; j < n; ++j) {
     V p[NV];
 #pragma GCC unroll 8
@@ -231,7 +232,10 @@ inline void lanes_times_rows(float* ot, int d0, const float* pt, int n, const fl
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) Isa::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
+    for (int v = 0; v < NV; ++v) {
+      float* o = ot + (d0 + r) * BR + v * W;
+      Isa::store(o, kRescale ? Isa::fmadd(Isa::load(o), alpha[v], acc[r][v]) : Isa::add(Isa::load(o), acc[r][v]));
+    }
 }
 
 template <bool kRescale>
@@ -243,13 +247,17 @@ inline void accumulate_lanes(float* ot, int D, const float* pt, int n, const flo
 }
 
 // out[j][d0 .. d0 + GG*W) += sum_{i < nq} XT[j][i] * Y[i][d0 ..]  for RR rows j (dV += P^T dO, dK += dS^T Q).
+// The tile's sum is formed from zero, then added to out (a panel of backward_block's). Continued
+// from out, the sum over every query of the sequence (and of a GQA group's heads) was one fp32
+// chain, each term rounded against the whole running sum: at L = 4096 causal, dV had 6x the
+// error of an fp32 GEMM's panels (README, "Precision contract").
 template <int RR, int GG>
 inline void grad_rows(float* out, int64_t os, const float* xt, const float* y, int64_t ys, int nq, int d0) {
   V acc[RR][GG];
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-    for (int g = 0; g < GG; ++g) acc[r][g] = Isa::load(out + r * os + d0 + g * W);
+    for (int g = 0; g < GG; ++g) acc[r][g] = Isa::zero();
   for (int i = 0; i < nq; ++i) {
     V yv[GG];
 #pragma GCC unroll 8
@@ -264,7 +272,10 @@ inline void grad_rows(float* out, int64_t os, const float* xt, const float* y, i
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-    for (int g = 0; g < GG; ++g) Isa::store(out + r * os + d0 + g * W, acc[r][g]);
+    for (int g = 0; g < GG; ++g) {
+      float* o = out + r * os + d0 + g * W;
+      Isa::store(o, Isa::add(Isa::load(o), acc[r][g]));
+    }
 }
 
 template <int RR>
@@ -372,12 +383,16 @@ void forward_tile(const ForwardTileArgs& a) {
   float* m_lane = stats;
   float* l_lane = stats + BR;
 
-  // Continue from the incoming partial state: O normalised with LSE means the running max is
-  // LSE (in log2 units) and the running sum is 1; an empty state (LSE = -inf) has sum 0.
+  // Continue from the incoming partial state, O normalised with LSE: the running max is LSE in
+  // log2 units rounded to fp32, m, and the running sum l = 2^(LSE log2(e) - m), within 2^-23 of
+  // 1, with the running O = O l; an empty state (LSE = -inf) has sum 0. (l = 1 weighed the state
+  // by 2^(rounding of m): over a ring of 4 ranks, LSE came out 1.9x as inexact as the plain fp32
+  // computation's.)
   const auto has_state = [&](int i) { return i < a.nq && a.lse[i] != kNegInf; };
   for (int i = 0; i < BR; ++i) {
-    m_lane[i] = has_state(i) ? a.lse[i] * 1.44269504088896341f : kNoKeyMax;
-    l_lane[i] = has_state(i) ? 1.0f : 0.0f;
+    const double m2 = has_state(i) ? double(a.lse[i]) * kLog2ed : double(kNoKeyMax);
+    m_lane[i] = float(m2);
+    l_lane[i] = has_state(i) ? float(__builtin_exp2(m2 - double(m_lane[i]))) : 0.0f;
   }
   rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
   OnlineSoftmax sm;
@@ -387,6 +402,8 @@ void forward_tile(const ForwardTileArgs& a) {
     m[v] = Isa::load(m_lane + v * W);
     l[v] = Isa::load(l_lane + v * W);
   }
+  for (int d = 0; d < D; ++d)
+    for (int v = 0; v < NV; ++v) Isa::store(ot + d * BR + v * W, Isa::mul(Isa::load(ot + d * BR + v * W), l[v]));
 
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
@@ -435,17 +452,47 @@ void forward_tile(const ForwardTileArgs& a) {
   for (int i = 0; i < a.nq; ++i) {
     const bool saw_none = l_lane[i] <= 0.0f;  // false for NaN (a NaN score), which carries on
     inv_l[i] = saw_none ? 0.0f : 1.0f / l_lane[i];
-    a.lse[i] = saw_none ? kNegInf : (m_lane[i] + __builtin_log2f(l_lane[i])) * kLn2;
+    // In double, rounded once: m + log2(l) and the change of base each rounded in fp32 made LSE
+    // 1.5x, and through P the dQ 1.8x, as inexact as the plain fp32 m + log(l) (L = 4096).
+    a.lse[i] = saw_none ? kNegInf : float((double(m_lane[i]) + __builtin_log2(double(l_lane[i]))) * kLn2d);
   }
   lanes_to_rows<false>(ot, a.nq, D, inv_l, a.o, a.o_stride);
 }
 
 #include "kernels/cpu/attention_tiles_bf16.inl"
 
+// dK and dV of a block are summed in panels of about kGradPanelRows query rows (tiles x heads of
+// the group), as the plain fp32 computation sums them (kernels/reference.cpp): each tile's sum
+// (grad_rows) goes to the panel, and a full panel to a.dk/a.dv. Tile sums added straight to
+// a.dk/a.dv would still make a chain of L x group / Br additions, too long for AVX2's 16-row
+// tiles (2.5x the plain fp32 error at L = 16384 with GQA; with panels, the chain is L x group /
+// 256 long whatever the tile).
+constexpr int kGradPanelRows = 256;
+constexpr int kPanelTiles = BR >= kGradPanelRows ? 1 : kGradPanelRows / BR;
+
+// out[j][:] += panel[j][:] for the n rows of a block (row strides os and D), and the panel zeroed.
+inline void add_panel(float* out, int64_t os, float* panel, int n, int D) {
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; d += W) {
+      float* o = out + j * os + d;
+      float* p = panel + j * D + d;
+      Isa::store(o, Isa::add(Isa::load(o), Isa::load(p)));
+      Isa::store(p, Isa::zero());
+    }
+}
+
 void backward_block(const BackwardBlockArgs& a) {
   const int D = a.head_dim;
   const int nk = a.nk;
-  float* st = a.scratch;   // [BCB][BR] scores -> P^T -> dS^T
+  float* dk_panel = a.scratch;  // [BCB][D] each, zero between panels
+  float* dv_panel = dk_panel + BCB * D;
+  for (int e = 0; e < nk * D; ++e) dk_panel[e] = dv_panel[e] = 0.0f;
+  const auto end_of_tile = [&](int t) {
+    if ((t + 1) % kPanelTiles != 0 && t + 1 != a.num_tiles) return;
+    add_panel(a.dk, a.dkv_stride, dk_panel, nk, D);
+    add_panel(a.dv, a.dkv_stride, dv_panel, nk, D);
+  };
+  float* st = dv_panel + BCB * D;  // [BCB][BR] scores -> P^T -> dS^T
   float* dpt = st + BCB * BR;
   if (a.k16) {
     // K^T of the block as pairs of key rows, [D][BCB/2], once for all the block's tiles.
@@ -461,7 +508,10 @@ void backward_block(const BackwardBlockArgs& a) {
         kt_pairs[d * (BCB / 2) + jp] = lo | (hi << 16);
       }
     }
-    for (int t = 0; t < a.num_tiles; ++t) backward_tile_bf16(a, a.tiles[t], st, dpt, x16, ds_pairs, kt_pairs);
+    for (int t = 0; t < a.num_tiles; ++t) {
+      backward_tile_bf16(a, a.tiles[t], st, dpt, x16, ds_pairs, kt_pairs, dk_panel, dv_panel);
+      end_of_tile(t);
+    }
     return;
   }
   // K^T of the block [D][BCB], once for all its tiles: dQ += dS K broadcasts then walk one head
@@ -489,13 +539,14 @@ void backward_block(const BackwardBlockArgs& a) {
     } else {
       scores(tile.qt, D, a.k, a.kv_stride, nk, st, [&](int, int v, V s) { return Isa::exp2(Isa::sub(s, lse2[v])); });
     }
-    accumulate_grad(a.dv, a.dkv_stride, st, nk, tile.dout, tile.dout_stride, tile.nq, D);
+    accumulate_grad(dv_panel, D, st, nk, tile.dout, tile.dout_stride, tile.nq, D);
     // dS^T = P^T * (dP^T - delta) * scale, in the epilogue of dP^T = V dOt, over P^T in place.
     scores(tile.dot, D, a.v, a.kv_stride, nk, st, [&](int j, int v, V dp) {
       return Isa::mul(Isa::mul(Isa::load(st + j * BR + v * W), Isa::sub(dp, delta[v])), scale);
     });
-    accumulate_grad(a.dk, a.dkv_stride, st, nk, tile.q, tile.q_stride, tile.nq, D);
+    accumulate_grad(dk_panel, D, st, nk, tile.q, tile.q_stride, tile.nq, D);
     accumulate_lanes<false>(tile.dqt, D, st, nk, kt, 1, BCB, nullptr);
+    end_of_tile(t);
   }
 }
 

@@ -9,6 +9,7 @@
 //
 // out[j][d0 .. d0 + GG*W) += sum_i X16[j][i] * Y[i][d0 ..] for RR rows j (dV += P^T dO, dK += dS^T Q):
 // X16 rows are bf16 over the Br query lanes, Y comes as pairs of consecutive query rows [Br/2][D].
+// Summed from zero, then added, as grad_rows does.
 template <int RR, int GG, class I = Isa>
 inline void grad_rows_bf16(float* out, int64_t os, const bf16_bits* xt, const uint32_t* yp, int D, int npairs, int d0) {
   if constexpr (I::kHasBf16Dot) {
@@ -16,7 +17,7 @@ inline void grad_rows_bf16(float* out, int64_t os, const bf16_bits* xt, const ui
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-      for (int g = 0; g < GG; ++g) acc[r][g] = Isa::load(out + r * os + d0 + g * W);
+      for (int g = 0; g < GG; ++g) acc[r][g] = Isa::zero();
     for (int ip = 0; ip < npairs; ++ip) {
       typename I::Pairs yv[GG];
 #pragma GCC unroll 8
@@ -33,7 +34,10 @@ inline void grad_rows_bf16(float* out, int64_t os, const bf16_bits* xt, const ui
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-      for (int g = 0; g < GG; ++g) Isa::store(out + r * os + d0 + g * W, acc[r][g]);
+      for (int g = 0; g < GG; ++g) {
+        float* o = out + r * os + d0 + g * W;
+        Isa::store(o, Isa::add(Isa::load(o), acc[r][g]));
+      }
   } else {
     (void)out, (void)os, (void)xt, (void)yp, (void)D, (void)npairs, (void)d0;
   }
@@ -59,7 +63,7 @@ inline void accumulate_grad_bf16(float* out, int64_t os, const bf16_bits* xt, in
 }
 
 // Ot[d][:] += sum_j X[j][d] * PT[j][:] for RR head-dim rows from d0 (dQ += dS K), with PT as pairs
-// of key rows [Bc/2][Br] and X^T as pairs of key rows [D][Bc/2].
+// of key rows [Bc/2][Br] and X^T as pairs of key rows [D][Bc/2]; summed from zero, then added.
 template <int RR, class I = Isa>
 inline void lanes_times_rows_bf16(float* ot, int d0, const uint32_t* pt, int npairs, const uint32_t* xt, int xs) {
   if constexpr (I::kHasBf16Dot) {
@@ -67,7 +71,7 @@ inline void lanes_times_rows_bf16(float* ot, int d0, const uint32_t* pt, int npa
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::load(ot + (d0 + r) * BR + v * W);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::zero();
     for (int jp = 0; jp < npairs; ++jp) {
       typename I::Pairs p[NV];
 #pragma GCC unroll 8
@@ -82,7 +86,10 @@ inline void lanes_times_rows_bf16(float* ot, int d0, const uint32_t* pt, int npa
 #pragma GCC unroll 8
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) Isa::store(ot + (d0 + r) * BR + v * W, acc[r][v]);
+      for (int v = 0; v < NV; ++v) {
+        float* o = ot + (d0 + r) * BR + v * W;
+        Isa::store(o, Isa::add(Isa::load(o), acc[r][v]));
+      }
   } else {
     (void)ot, (void)d0, (void)pt, (void)npairs, (void)xt, (void)xs;
   }
@@ -98,7 +105,8 @@ inline void accumulate_lanes_bf16(float* ot, int D, const uint32_t* pt, int npai
 // over the head dim), then P rounded to bf16 for dV, dS rounded to bf16 for dK and dQ.
 template <class I = Isa>
 void backward_tile_bf16(const BackwardBlockArgs& a, const BackwardTileRef& tile, float* st, float* dpt,
-                        bf16_bits* x16, uint32_t* ds_pairs, const uint32_t* kt_pairs) {
+                        bf16_bits* x16, uint32_t* ds_pairs, const uint32_t* kt_pairs, float* dk_panel,
+                        float* dv_panel) {
   if constexpr (I::kHasBf16Dot) {
     const int D = a.head_dim, nk = a.nk;
     scores_bf16(tile.qt_pairs, D, a.k16, a.kv_stride, nk, a.score_scale, st);
@@ -118,7 +126,7 @@ void backward_tile_bf16(const BackwardBlockArgs& a, const BackwardTileRef& tile,
         I::store_bf16(x16 + j * BR + v * W, p);
       }
     scores_bf16(tile.dot_pairs, D, a.v16, a.kv_stride, nk, 1.0f, dpt);
-    accumulate_grad_bf16(a.dv, a.dkv_stride, x16, nk, tile.dout_row_pairs, tile.nq, D);
+    accumulate_grad_bf16(dv_panel, D, x16, nk, tile.dout_row_pairs, tile.nq, D);
     const V scale = Isa::set1(a.scale);
     for (int j = 0; j < nk; j += 2) {
       for (int v = 0; v < NV; ++v) {
@@ -134,10 +142,10 @@ void backward_tile_bf16(const BackwardBlockArgs& a, const BackwardTileRef& tile,
         I::store_pairs(ds_pairs + (j / 2) * BR + v * W, I::pair_bf16(ds0, ds1));
       }
     }
-    accumulate_grad_bf16(a.dk, a.dkv_stride, x16, nk, tile.q_row_pairs, tile.nq, D);
+    accumulate_grad_bf16(dk_panel, D, x16, nk, tile.q_row_pairs, tile.nq, D);
     accumulate_lanes_bf16(tile.dqt, D, ds_pairs, (nk + 1) / 2, kt_pairs, BCB / 2);
   } else {
-    (void)a, (void)tile, (void)st, (void)dpt, (void)x16, (void)ds_pairs, (void)kt_pairs;
+    (void)a, (void)tile, (void)st, (void)dpt, (void)x16, (void)ds_pairs, (void)kt_pairs, (void)dk_panel, (void)dv_panel;
   }
 }
 

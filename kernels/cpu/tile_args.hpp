@@ -134,13 +134,14 @@ inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
   return int64_t(head_dim) * t.query_tile + int64_t(t.key_block) * t.query_tile + 8 * t.query_tile;
 }
 inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
-  // ST [Bc][Br] fp32, then the fp32 path's K^T [D][Bc] (dS is formed in dP's epilogue, so no dPT);
-  // or on the bf16 path dPT [Bc][Br] fp32, P and dS as bf16 rows [Bc][Br], dS as pairs of key rows
-  // [Bc/2][Br] and K^T as pairs of key rows [D][Bc/2]. Sized for either.
+  // The dK and dV panels [Bc][D] each; ST [Bc][Br] fp32, then the fp32 path's K^T [D][Bc] (dS is
+  // formed in dP's epilogue, so no dPT); or on the bf16 path dPT [Bc][Br] fp32, P and dS as bf16
+  // rows [Bc][Br], dS as pairs of key rows [Bc/2][Br] and K^T as pairs of key rows [D][Bc/2].
+  // Sized for either.
   const int64_t tile = int64_t(t.backward_key_block) * t.query_tile;
   const int64_t kt_f32 = int64_t(head_dim) * t.backward_key_block;
   const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.backward_key_block / 2) : 0;
-  return 2 * tile + (kt_f32 > bf16_extra ? kt_f32 : bf16_extra) + 4 * t.query_tile;
+  return 2 * kt_f32 + 2 * tile + (kt_f32 > bf16_extra ? kt_f32 : bf16_extra) + 4 * t.query_tile;
 }
 
 }  // namespace ringattn::kernels::cpu

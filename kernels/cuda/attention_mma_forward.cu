@@ -111,8 +111,9 @@ __device__ __forceinline__ void forward_tile(const AttentionParams& p) {
     const bool valid = rows[rr] < qspan.count;
     const float lse_in = valid ? p.lse[(b * p.heads + h) * p.q_rows + qspan.row0 + rows[rr]] : neg_inf();
     const bool seen = valid && lse_in != neg_inf();
-    m[rr] = seen ? lse_in * kLog2e : neg_inf();
-    l[rr] = seen ? 1.0f : 0.0f;
+    const ContinuedState state = continue_state(lse_in);
+    m[rr] = seen ? state.m : neg_inf();
+    l[rr] = seen ? state.l : 0.0f;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) o[dt][2 * rr] = o[dt][2 * rr + 1] = 0.0f;
     if (seen) {
@@ -120,8 +121,8 @@ __device__ __forceinline__ void forward_tile(const AttentionParams& p) {
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         const float2 x = *reinterpret_cast<const float2*>(orow + dt * 8);
-        o[dt][2 * rr] = x.x;
-        o[dt][2 * rr + 1] = x.y;
+        o[dt][2 * rr] = x.x * state.l;
+        o[dt][2 * rr + 1] = x.y * state.l;
       }
     }
   }
@@ -224,7 +225,7 @@ __device__ __forceinline__ void forward_tile(const AttentionParams& p) {
     for (int dt = 0; dt < DT; ++dt)
       *reinterpret_cast<float2*>(orow + dt * 8) = make_float2(o[dt][2 * rr] * inv, o[dt][2 * rr + 1] * inv);
     if (quad_lane == 0)
-      p.lse[(b * p.heads + h) * p.q_rows + qspan.row0 + rows[rr]] = seen ? (m[rr] + log2f(l[rr])) * kLn2 : neg_inf();
+      p.lse[(b * p.heads + h) * p.q_rows + qspan.row0 + rows[rr]] = seen ? lse_of(m[rr], l[rr]) : neg_inf();
   }
 }
 
