@@ -66,6 +66,19 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
         qs[size_t((g * rows_per_head + r) * D + d)] = cpu::element(q.q, q.dtype, (t * H + h) * D + d) * qscale;
     }
   for (int64_t r = 0; r < rows_per_head; ++r) qpos[size_t(r)] = q.pos[r / G];
+  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
+  // bf16 K and Q on the bf16 dot product: Q's bf16 values as pairs, the scale applied to scores.
+  std::vector<uint32_t> q_pairs;
+  if (kv.dtype == DType::bf16 && q.dtype == DType::bf16 && tk.bf16_dot && D % (2 * tk.lanes) == 0) {
+    q_pairs.resize(size_t(Hkv * rows_per_head * D / 2));
+    const auto* q16 = static_cast<const bf16_bits*>(q.q);
+    for (int64_t g = 0; g < Hkv; ++g)
+      for (int64_t r = 0; r < rows_per_head; ++r) {
+        const bf16_bits* row = q16 + ((r / G) * H + g * G + r % G) * D;
+        for (int64_t p = 0; p < D / 2; ++p)
+          q_pairs[size_t((g * rows_per_head + r) * (D / 2) + p)] = uint32_t(row[2 * p]) | uint32_t(row[2 * p + 1]) << 16;
+      }
+  }
 
   const int64_t visible_rows = visible.last - visible.first;
   const int64_t chunks = (visible_rows + kDecodeChunkRows - 1) / kDecodeChunkRows;
@@ -73,7 +86,6 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
   // Item (g, group, chunk) at (g * groups + group) * chunks + chunk: its rows' acc [nq][D], m, l.
   const int64_t state_floats = cpu::kDecodeMaxRows * (D + 2);
   std::vector<float> partial(static_cast<size_t>(items * state_floats));
-  const cpu::TileKernels& tk = cpu::selected_tile_kernels();
   const size_t element_bytes = static_cast<size_t>(dtype_bytes(kv.dtype));
   const int threads = static_cast<int>(std::min<int64_t>(thread_count(options), items));
   const int64_t scratch_floats = cpu::decode_scratch_floats(static_cast<int>(D));
@@ -106,7 +118,9 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
                            acc,
                            m,
                            l,
-                           scratch.data() + omp_get_thread_num() * scratch_floats};
+                           scratch.data() + omp_get_thread_num() * scratch_floats,
+                           q_pairs.empty() ? nullptr : q_pairs.data() + (g * rows_per_head + r0) * (D / 2),
+                           qscale};
     tk.decode_block(a);
   }
 
@@ -138,35 +152,33 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
     }
 }
 
-double measure_read_bandwidth(int threads, size_t bytes) {
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  std::vector<float> buffer(static_cast<size_t>(n));
+ReadBandwidthProbe::ReadBandwidthProbe(int threads, size_t bytes)
+    : threads_(std::max(1, threads)), buffer_(bytes / sizeof(float)) {
+  const int64_t n = int64_t(buffer_.size()), part = (n + threads_ - 1) / threads_;
+#pragma omp parallel for num_threads(threads_) schedule(static, 1)
+  for (int t = 0; t < threads_; ++t)
+    std::fill(buffer_.begin() + std::min(n, t * part), buffer_.begin() + std::min(n, (t + 1) * part), 1.0f);
+}
+
+double ReadBandwidthProbe::pass() {
   const cpu::TileKernels& tk = cpu::selected_tile_kernels();
-  // Each thread first touches (and so places) the part it reads.
-  const int64_t part = (n + threads - 1) / threads;
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-  for (int t = 0; t < threads; ++t)
-    std::fill(buffer.begin() + std::min(n, t * part), buffer.begin() + std::min(n, (t + 1) * part), 1.0f);
-  double best = 0.0;
+  const int64_t n = int64_t(buffer_.size()), part = (n + threads_ - 1) / threads_;
+  double t0 = 0.0, t1 = 0.0;
   float sink = 0.0f;
-  for (int rep = 0; rep < 5; ++rep) {
-    double t0 = 0.0, t1 = 0.0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-      const int64_t t = omp_get_thread_num(), first = std::min(n, t * part), last = std::min(n, (t + 1) * part);
+#pragma omp parallel num_threads(threads_) reduction(+ : sink)
+  {
+    const int64_t t = omp_get_thread_num(), first = std::min(n, t * part), last = std::min(n, (t + 1) * part);
 #pragma omp barrier
 #pragma omp single
-      t0 = omp_get_wtime();
-      sink += tk.read_loop(buffer.data() + first, last - first);
+    t0 = omp_get_wtime();
+    sink += tk.read_loop(buffer_.data() + first, last - first);
 #pragma omp barrier
 #pragma omp single
-      t1 = omp_get_wtime();
-    }
-    best = std::max(best, double(n) * sizeof(float) / (t1 - t0));
+    t1 = omp_get_wtime();
   }
-  volatile float observed = sink;
+  volatile float observed = sink;  // keeps the reads
   (void)observed;
-  return best;
+  return double(n) * sizeof(float) / (t1 - t0);
 }
 
 }  // namespace ringattn::kernels

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
@@ -55,8 +56,18 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
 uint64_t decode_bytes_read(const AttentionDims& dims, const CachedKeyValues& kv, int64_t window_left,
                            const DecodeQueries& q);
 
-// Read bandwidth of this machine measured now on `threads` threads: each sums its part of a
-// buffer of `bytes` (best of a few passes, bytes/s). The yardstick of the decode benchmark.
-double measure_read_bandwidth(int threads, size_t bytes);
+// The yardstick of the decode benchmark: the read bandwidth of this machine on `threads` threads,
+// each summing its part of a buffer of `bytes` (placed by first touch from the thread that reads
+// it). One pass() is one measurement (bytes/s), so that a benchmark can interleave them with the
+// kernel's calls and compare rates measured under the same load.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(int threads, size_t bytes);
+  double pass();
+
+ private:
+  int threads_;
+  std::vector<float> buffer_;
+};
 
 }  // namespace ringattn::kernels

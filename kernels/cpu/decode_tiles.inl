@@ -28,57 +28,115 @@ inline Isa::V decode_scores(const float* q, const float* const* krow, int D) {
   return acc[0];
 }
 
-// acc[r][d..d+W) += sum_j p[r][j] V[j][d..d+W) for RR consecutive rows.
-template <int RR>
-inline void decode_accumulate(float* acc, int D, int d, const float* p, const float* const* vrow, int n) {
-  Isa::V a[RR];
-  for (int i = 0; i < RR; ++i) a[i] = Isa::load(acc + i * D + d);
-  for (int j = 0; j < n; ++j) {
-    const Isa::V vv = Isa::load(vrow[j] + d);
-    for (int i = 0; i < RR; ++i) a[i] = Isa::fmadd(Isa::set1(p[i * kDecodeKB + j]), vv, a[i]);
+// The same from bf16 pairs with the bf16 dot product (exact products, fp32 sums), unscaled.
+inline Isa::V decode_scores_pairs(const uint32_t* q, const bf16_bits* const* krow, int D) {
+  Isa::V acc[kDecodeW];
+  for (int j = 0; j < kDecodeW; ++j) acc[j] = Isa::zero();
+#if defined(RINGATTN_BF16_DOT)
+  for (int c = 0; c < D / 2; c += kDecodeW) {
+    const Isa::Pairs qv = Isa::load_pairs(q + c);
+    for (int j = 0; j < kDecodeW; ++j)
+      acc[j] = Isa::dot_pairs(acc[j], qv, Isa::load_pairs(reinterpret_cast<const uint32_t*>(krow[j]) + c));
   }
-  for (int i = 0; i < RR; ++i) Isa::store(acc + i * D + d, a[i]);
+#else
+  (void)q, (void)krow, (void)D;
+#endif
+  Isa::transpose(acc);
+  for (int step = 1; step < kDecodeW; step *= 2)
+    for (int k = 0; k + step < kDecodeW; k += 2 * step) acc[k] = Isa::add(acc[k], acc[k + step]);
+  return acc[0];
+}
+
+// acc[r][d0 + c W ..] += sum_j p[r][j] V[j][d0 + c W ..] for RR rows and DV vectors of the head
+// dim: each probability broadcast once per key, each V vector loaded (and widened) once per key.
+template <int RR, int DV, bool BF16>
+inline void decode_accumulate(float* acc, int D, int d0, const float* p, const void* const* vrow, int n) {
+  Isa::V a[RR][DV];
+  for (int i = 0; i < RR; ++i)
+    for (int c = 0; c < DV; ++c) a[i][c] = Isa::load(acc + i * D + d0 + c * kDecodeW);
+  for (int j = 0; j < n; ++j) {
+    Isa::V pb[RR];
+    for (int i = 0; i < RR; ++i) pb[i] = Isa::set1(p[i * kDecodeKB + j]);
+    for (int c = 0; c < DV; ++c) {
+      const Isa::V vv = BF16 ? Isa::load_bf16(static_cast<const bf16_bits*>(vrow[j]) + d0 + c * kDecodeW)
+                             : Isa::load(static_cast<const float*>(vrow[j]) + d0 + c * kDecodeW);
+      for (int i = 0; i < RR; ++i) a[i][c] = Isa::fmadd(pb[i], vv, a[i][c]);
+    }
+  }
+  for (int i = 0; i < RR; ++i)
+    for (int c = 0; c < DV; ++c) Isa::store(acc + i * D + d0 + c * kDecodeW, a[i][c]);
+}
+
+// Rows per register group of O += P V, and head-dim vectors per pass (RR x DV accumulators).
+constexpr int kDecodeRows = 4;
+constexpr int kDecodeVecs = kDecodeW >= 16 ? 4 : 2;
+
+template <int RR, bool BF16>
+inline void decode_accumulate_rows(float* acc, int D, const float* p, const void* const* vrow, int n) {
+  const int vecs = D / kDecodeW;
+  int c = 0;
+  for (; c + kDecodeVecs <= vecs; c += kDecodeVecs)
+    decode_accumulate<RR, kDecodeVecs, BF16>(acc, D, c * kDecodeW, p, vrow, n);
+  for (; c < vecs; ++c) decode_accumulate<RR, 1, BF16>(acc, D, c * kDecodeW, p, vrow, n);
+}
+
+template <bool BF16>
+void decode_accumulate_all(float* acc, int D, int nq, const float* s, const void* const* vrow, int n) {
+  int r = 0;
+  for (; r + kDecodeRows <= nq; r += kDecodeRows)
+    decode_accumulate_rows<kDecodeRows, BF16>(acc + r * D, D, s + r * kDecodeKB, vrow, n);
+  switch (nq - r) {
+    case 3: decode_accumulate_rows<3, BF16>(acc + r * D, D, s + r * kDecodeKB, vrow, n); break;
+    case 2: decode_accumulate_rows<2, BF16>(acc + r * D, D, s + r * kDecodeKB, vrow, n); break;
+    case 1: decode_accumulate_rows<1, BF16>(acc + r * D, D, s + r * kDecodeKB, vrow, n); break;
+    default: break;
+  }
 }
 
 void decode_block(const DecodeBlockArgs& a) {
   const int D = a.head_dim, nq = a.nq;
-  float* kf = a.scratch;           // [KB][D] widened K of the block (bf16 inputs)
-  float* vf = kf + kDecodeKB * D;  // [KB][D]
-  float* zero_row = vf + kDecodeKB * D;
+  float* kf = a.scratch;           // [KB][D] widened K of the block (bf16 inputs on the FMA path)
+  float* zero_row = kf + kDecodeKB * D;  // D floats (also D bf16 zeros)
   float* s = zero_row + D;  // [nq][KB]: scores, then probabilities
   for (int d = 0; d < D; ++d) zero_row[d] = 0.0f;
+  const bool pairs = a.q_pairs != nullptr;
   int64_t q_min = a.q_pos[0], q_max = a.q_pos[0];
   for (int r = 1; r < nq; ++r) {
     q_min = a.q_pos[r] < q_min ? a.q_pos[r] : q_min;
     q_max = a.q_pos[r] > q_max ? a.q_pos[r] : q_max;
   }
+  const size_t eb = a.bf16 ? 2 : 4;
   const float* krow[kDecodeKB];
-  const float* vrow[kDecodeKB];
+  const bf16_bits* krow16[kDecodeKB];
+  const void* vrow[kDecodeKB];
   for (int64_t j0 = 0; j0 < a.rows; j0 += kDecodeKB) {
     const int n = a.rows - j0 < kDecodeKB ? static_cast<int>(a.rows - j0) : kDecodeKB;
-    if (a.bf16) {
-      const auto* k16 = static_cast<const bf16_bits*>(a.k) + j0 * D;
-      const auto* v16 = static_cast<const bf16_bits*>(a.v) + j0 * D;
-      for (int j = 0; j < n; ++j) {
-        for (int d = 0; d < D; d += kDecodeW) {
-          Isa::store(kf + j * D + d, Isa::load_bf16(k16 + j * D + d));
-          Isa::store(vf + j * D + d, Isa::load_bf16(v16 + j * D + d));
-        }
-        krow[j] = kf + j * D, vrow[j] = vf + j * D;
-      }
-    } else {
-      for (int j = 0; j < n; ++j) {
-        krow[j] = static_cast<const float*>(a.k) + (j0 + j) * D;
-        vrow[j] = static_cast<const float*>(a.v) + (j0 + j) * D;
+    const char* kb = static_cast<const char*>(a.k) + size_t(j0 * D) * eb;
+    const char* vb = static_cast<const char*>(a.v) + size_t(j0 * D) * eb;
+    for (int j = 0; j < kDecodeKB; ++j) {
+      const bool valid = j < n;
+      vrow[j] = valid ? static_cast<const void*>(vb + size_t(j * D) * eb) : zero_row;
+      krow16[j] = valid ? reinterpret_cast<const bf16_bits*>(kb + size_t(j * D) * eb)
+                        : reinterpret_cast<const bf16_bits*>(zero_row);
+      if (!a.bf16) {
+        krow[j] = valid ? reinterpret_cast<const float*>(kb + size_t(j * D) * eb) : zero_row;
+      } else if (!pairs) {
+        if (valid)
+          for (int d = 0; d < D; d += kDecodeW) Isa::store(kf + j * D + d, Isa::load_bf16(krow16[j] + d));
+        krow[j] = valid ? kf + j * D : zero_row;
       }
     }
-    for (int j = n; j < kDecodeKB; ++j) krow[j] = vrow[j] = zero_row;
     const int64_t* kp = a.k_pos + j0;
     // Every key of the block visible to every row: no element mask.
     const bool full = n == kDecodeKB && kp[n - 1] <= q_min && (a.window_left < 0 || kp[0] >= q_max - a.window_left);
     for (int r = 0; r < nq; ++r) {
       float* sr = s + r * kDecodeKB;
-      for (int j = 0; j < kDecodeKB; j += kDecodeW) Isa::store(sr + j, decode_scores(a.q + r * D, krow + j, D));
+      for (int j = 0; j < kDecodeKB; j += kDecodeW) {
+        const Isa::V sv = pairs ? Isa::mul(decode_scores_pairs(a.q_pairs + r * (D / 2), krow16 + j, D),
+                                           Isa::set1(a.score_scale))
+                                : decode_scores(a.q + r * D, krow + j, D);
+        Isa::store(sr + j, sv);
+      }
       if (!full) {
         const int64_t qi = a.q_pos[r];
         for (int j = 0; j < kDecodeKB; ++j)
@@ -94,21 +152,22 @@ void decode_block(const DecodeBlockArgs& a) {
         a.m[r] = block_max;
       }
       const Isa::V mv = Isa::set1(a.m[r]);
-      for (int j = 0; j < kDecodeKB; j += kDecodeW) Isa::store(sr + j, Isa::exp2(Isa::sub(Isa::load(sr + j), mv)));
-      float sum = 0.0f;
-      for (int j = 0; j < n; ++j) sum += sr[j];
-      a.l[r] += sum;
-    }
-    for (int d = 0; d < D; d += kDecodeW) {
-      int r = 0;
-      for (; r + 4 <= nq; r += 4) decode_accumulate<4>(a.acc + r * D, D, d, s + r * kDecodeKB, vrow, n);
-      switch (nq - r) {
-        case 3: decode_accumulate<3>(a.acc + r * D, D, d, s + r * kDecodeKB, vrow, n); break;
-        case 2: decode_accumulate<2>(a.acc + r * D, D, d, s + r * kDecodeKB, vrow, n); break;
-        case 1: decode_accumulate<1>(a.acc + r * D, D, d, s + r * kDecodeKB, vrow, n); break;
-        default: break;
+      Isa::V sum = Isa::zero();
+      for (int j = 0; j < kDecodeKB; j += kDecodeW) {
+        const Isa::V pv = Isa::exp2(Isa::sub(Isa::load(sr + j), mv));  // masked and padded keys: 0
+        Isa::store(sr + j, pv);
+        sum = Isa::add(sum, pv);
       }
+      float lanes[kDecodeW];
+      Isa::store(lanes, sum);
+      float total = 0.0f;
+      for (int k = 0; k < kDecodeW; ++k) total += lanes[k];
+      a.l[r] += total;
     }
+    if (a.bf16)
+      decode_accumulate_all<true>(a.acc, D, nq, s, vrow, n);
+    else
+      decode_accumulate_all<false>(a.acc, D, nq, s, vrow, n);
   }
 }
 

@@ -124,6 +124,10 @@ struct DecodeBlockArgs {
   float* m;                  // [nq]; -inf: no key seen yet
   float* l;                  // [nq]
   float* scratch;            // decode_scratch_floats(D) floats
+  // bf16 K on an ISA with the bf16 dot product: Q as bf16 pairs [nq][D/2] (unscaled; the low half
+  // holds the even element), scores multiplied by score_scale. Null: q above (the FMA path).
+  const uint32_t* q_pairs = nullptr;
+  float score_scale = 1.0f;
 };
 inline constexpr int kDecodeMaxRows = 64;
 inline constexpr int kDecodeKeyBlock = 16;  // keys converted and scored together
