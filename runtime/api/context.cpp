@@ -55,6 +55,8 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
 
 Context::~Context() = default;
 
+Session& Context::session() { return impl_->session; }
+
 int Context::rank() const { return impl_->session.rank(); }
 int Context::size() const { return impl_->session.size(); }
 int Context::nodes() const { return impl_->session.nodes().nodes(); }
