@@ -152,6 +152,8 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
     const std::vector<int64_t> mine = layout.positions(session.rank());
     constexpr size_t kRowsPerFill = 16384;  // bounded temporaries, whatever the share
     std::vector<char> k(kRowsPerFill * size_t(Hkv * D) * eb), v(k.size());
+    for (int64_t s = 0; s < o.batch; ++s)
+      if (auto e = cache.capacity_problem(s, per_rank, "capacity")) throw *e;
     for (int64_t s = 0; s < o.batch; ++s) {
       for (size_t first = 0; first < mine.size(); first += kRowsPerFill) {
         const std::vector<int64_t> pos(mine.begin() + long(first),
@@ -172,9 +174,7 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
     r.heads = H, r.tokens = std::min(chunk, o.seq_len - begin), r.scale = job.scale, r.window_left = job.window_left;
     r.threads = job.context.threads, r.method = job.method;
     if (auto e = inference::check_prefill(session, cache, r)) throw *e;
-    const inference::PrefillMethod inputs =
-        job.method == inference::PrefillMethod::pass_q ? job.method : inference::PrefillMethod::pass_kv;
-    std::vector<int64_t> pos = inference::prefill_chunk_positions(session, r, inputs);
+    std::vector<int64_t> pos = inference::prefill_chunk_positions(session, r, job.method);
     for (int64_t& p : pos) p += begin;
     const int64_t rows = int64_t(pos.size());
     std::vector<char> q(size_t(o.batch * rows * H * D) * eb), k(size_t(o.batch * rows * Hkv * D) * eb), v(k.size());
@@ -205,6 +205,8 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
 
 struct DecodeResults {
   std::vector<double> step_s;  // slowest rank's, per step
+  std::vector<double> kernel_fraction;  // this rank's kernel rate / the probe's, per step
+  std::vector<double> read_bandwidth;    // the probe's, per step
   uint64_t bytes_per_step = 0, kernel_bytes = 0;
   double kernel_seconds = 0.0, merge_seconds = 0.0;
   const char* collective = "none";
@@ -222,6 +224,9 @@ DecodeResults run_steps(const DecodeJob& job, Session& session, inference::KVCac
   DecodeResults r;
   std::vector<char> q(size_t(B * T * H * D) * eb), k(size_t(B * T * Hkv * D) * eb), v(k.size());
   std::vector<float> out(size_t(B * T * H * D)), lse(size_t(B * H * T));
+  // The read-bandwidth probe runs between the steps (A, B, A, B): both rates under the same load.
+  // (256 MiB, counted in the peak memory: well past the caches, so it measures DRAM.)
+  kernels::ReadBandwidthProbe probe(job.context.threads, size_t(256) << 20);
   for (int64_t step = 0; step < o.new_tokens; ++step) {
     std::vector<std::vector<int64_t>> pos(static_cast<size_t>(B));
     for (int64_t s = 0; s < B; ++s) {
@@ -240,6 +245,12 @@ DecodeResults run_steps(const DecodeJob& job, Session& session, inference::KVCac
     r.bytes_per_step = st.merge.bytes_moved;
     r.collective = inference::merge_collective_name(st.merge.collective);
     r.kernel_bytes += st.bytes_read, r.kernel_seconds += st.compute_seconds, r.merge_seconds += st.merge_seconds;
+    if (step % std::max<int64_t>(1, o.new_tokens / 16) == 0) {  // at most 16 or so probes
+      world.barrier();  // every rank probes at once, as they decode at once
+      const double bandwidth = probe.pass();
+      r.read_bandwidth.push_back(bandwidth);
+      if (st.compute_seconds > 0) r.kernel_fraction.push_back(double(st.bytes_read) / st.compute_seconds / bandwidth);
+    }
     // Each sampled step's sequences are checked by the ranks in turn (the fp64 stream is the slow part).
     if (std::find(checked.begin(), checked.end(), step) != checked.end())
       for (int64_t s = 0; s < B; ++s)
@@ -253,7 +264,7 @@ DecodeResults run_steps(const DecodeJob& job, Session& session, inference::KVCac
 }
 
 int report(const DecodeJob& job, Session& session, const inference::KVCache& cache, const PrefillOutcome& pre,
-           const DecodeResults& r, double read_bandwidth, double peak_rss) {
+           const DecodeResults& r, double peak_rss) {
   const DecodeOptions& o = job.opt;
   comm::Communicator& world = session.world();
   const int P = world.size();
@@ -263,10 +274,12 @@ int report(const DecodeJob& job, Session& session, const inference::KVCache& cac
     for (int p = 0; p < P; ++p) rows_min = std::min(rows_min, cache.rows(s, p)), rows_max = std::max(rows_max, cache.rows(s, p));
   double rss[2] = {peak_rss, -peak_rss};
   world.allreduce(rss, 2, DType::f64, comm::ReduceOp::max);
-  // The kernel's rate on each rank against the bandwidth measured there; the mean over ranks.
-  double rate[2] = {r.kernel_seconds > 0 ? double(r.kernel_bytes) / r.kernel_seconds : 0.0, read_bandwidth};
-  world.allreduce(rate, 2, DType::f64, comm::ReduceOp::sum);
-  const double kernel_rate = rate[0] / P, bandwidth = rate[1] / P;
+  // The kernel's rate on each rank against the bandwidth probed there between the steps: medians
+  // over the steps, means over the ranks.
+  double rate[3] = {r.kernel_seconds > 0 ? double(r.kernel_bytes) / r.kernel_seconds : 0.0,
+                    median_of(r.read_bandwidth), median_of(r.kernel_fraction)};
+  world.allreduce(rate, 3, DType::f64, comm::ReduceOp::sum);
+  const double kernel_rate = rate[0] / P, bandwidth = rate[1] / P, fraction = rate[2] / P;
   const double token_s = median_of(r.step_s), p95 = percentile_of(r.step_s, 95.0);
   const double bytes_per_token = double(r.bytes_per_step) / double(o.tokens_per_step);
   const std::string mask = job.window_left < 0 ? "causal" : "causal+window(" + std::to_string(job.window_left) + ",0)";
@@ -285,8 +298,9 @@ int report(const DecodeJob& job, Session& session, const inference::KVCache& cac
                   o.prefill_chunk ? (" in chunks of " + std::to_string(o.prefill_chunk)).c_str() : "", pre.seconds);
     std::printf("  decode    per token %.3f ms median, %.3f ms p95 (slowest rank per step)\n", token_s * 1e3, p95 * 1e3);
     std::printf("  merge     %s, %s moved per token (all ranks)\n", r.collective, human_bytes(bytes_per_token).c_str());
-    std::printf("  kernel    %.2f GB/s read vs %.2f GB/s memory read bandwidth measured in this run: %.0f%%\n",
-                kernel_rate / 1e9, bandwidth / 1e9, bandwidth > 0 ? 100.0 * kernel_rate / bandwidth : 0.0);
+    std::printf("  kernel    %.2f GB/s read vs %.2f GB/s memory read bandwidth probed between the steps: %.0f%% "
+                "(median per step)\n",
+                kernel_rate / 1e9, bandwidth / 1e9, 100.0 * fraction);
     std::printf("  cache     rows per rank per sequence %lld..%lld (of %lld tokens), %s per rank\n",
                 (long long)rows_min, (long long)rows_max, (long long)total, human_bytes(double(cache.bytes())).c_str());
     std::printf("  memory    peak %s per rank (max), %s (min)\n", human_bytes(rss[0]).c_str(), human_bytes(-rss[1]).c_str());
@@ -336,7 +350,7 @@ int report(const DecodeJob& job, Session& session, const inference::KVCache& cac
     j["cache_bytes_per_rank"] = uint64_t(cache.bytes());
     j["kernel_bytes_per_s"] = kernel_rate;
     j["read_bandwidth_bytes_per_s"] = bandwidth;
-    j["kernel_bandwidth_fraction"] = bandwidth > 0 ? kernel_rate / bandwidth : 0.0;
+    j["kernel_bandwidth_fraction"] = fraction;
     if (o.check) j["check_passed"] = check.passed();
     try {
       write_text_file(o.json, "--json", j.dump() + "\n");
@@ -389,19 +403,18 @@ int run_decode(LaunchContext& ctx) {
   // tables), but a peer may be inside a collective: end every rank.
   PrefillOutcome pre{};
   DecodeResults r;
-  double bandwidth = 0.0, rss = 0.0;
+  double rss = 0.0;
   try {
     pre = fill_cache(job, *session, *cache, src);
     r = run_steps(job, *session, *cache, src);
-    rss = double(peak_rss_bytes());  // the job's, before the probe's buffer
-    comm.barrier();  // every rank measures at once, as the ranks decode at once
-    bandwidth = kernels::measure_read_bandwidth(job.context.threads, size_t(256) << 20);
+    rss = double(peak_rss_bytes());
   } catch (const ArgumentError& e) {
-    agreed_phase(comm, [&] { throw e; });
+    agreed_phase(comm, [&] { throw e; });  // every rank found it (the same tables)
+    return kExitUsage;
   } catch (const std::exception& e) {
     fail_now(comm, e);
   }
-  return report(job, *session, *cache, pre, r, bandwidth, rss);
+  return report(job, *session, *cache, pre, r, rss);
 }
 
 }  // namespace ringattn

@@ -30,8 +30,14 @@ AttentionSpec chunk_spec(const PrefillRequest& r) {
   return spec;
 }
 
+// auto on a chunk of fewer tokens than ranks (no causal layout shards it): the whole chunk, pass-Q.
+bool whole_chunk(const PrefillRequest& r, PrefillMethod method, int ranks) {
+  return method == PrefillMethod::pass_q || (method == PrefillMethod::automatic && r.tokens < ranks);
+}
+
 PrefillMethod resolved(const KVCache& cache, const PrefillRequest& r, const std::vector<int64_t>& seqs, int ranks) {
   if (r.method != PrefillMethod::automatic) return r.method;
+  if (r.tokens < ranks) return PrefillMethod::pass_q;
   int64_t cached = 0;
   for (int64_t s : seqs) cached = std::max(cached, cache.length(s));
   return choose_prefill_method(r.tokens, cached, r.heads, cache.shape().kv_heads, ranks);
@@ -202,12 +208,12 @@ PrefillMethod choose_prefill_method(int64_t new_tokens, int64_t cached, int64_t 
 }
 
 int64_t prefill_rows(const Session& session, const PrefillRequest& r, PrefillMethod method) {
-  if (method == PrefillMethod::pass_q) return r.tokens;
+  if (whole_chunk(r, method, session.size())) return r.tokens;
   return session.layout(r.tokens, chunk_spec(r)).rows(session.rank());
 }
 
 std::vector<int64_t> prefill_chunk_positions(const Session& session, const PrefillRequest& r, PrefillMethod method) {
-  if (method == PrefillMethod::pass_q) {
+  if (whole_chunk(r, method, session.size())) {
     std::vector<int64_t> all(static_cast<size_t>(r.tokens));
     for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
     return all;
@@ -225,6 +231,10 @@ std::optional<ArgumentError> check_prefill(const Session& session, const KVCache
       if (s < 0 || s >= cache.shape().batch) return PrefillMethod::pass_q;  // reported by check_decode
     return resolved(cache, r, seqs, session.size());
   }();
+  if (method == PrefillMethod::pass_kv && r.tokens < session.size())
+    return ArgumentError("method", "{method} pass-kv shards the chunk over the ranks: " + std::to_string(r.tokens) +
+                                       " new tokens are fewer than the " + std::to_string(session.size()) +
+                                       " ranks (use pass-q or auto)");
   if (method == PrefillMethod::pass_q) return check_decode(cache, d);
   d.tokens = 1;  // the sequence checks; the capacity is the layout's
   if (auto e = check_decode(cache, d)) {
@@ -247,7 +257,7 @@ PrefillStats prefill(Session& session, KVCache& cache, const PrefillRequest& r, 
   PrefillStats stats;
   if (method == PrefillMethod::pass_kv) {
     stats = pass_kv(session, cache, r, seqs, q, k, v, o, lse);
-  } else if (r.method == PrefillMethod::pass_q) {
+  } else if (whole_chunk(r, r.method, session.size())) {
     const DecodeStats d = decode_step(session.world(), cache, as_decode(r, seqs), q, k, v, o, lse);
     stats.method = PrefillMethod::pass_q;
     stats.bytes_sent = d.merge.bytes_moved / uint64_t(session.size());

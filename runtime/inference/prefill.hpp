@@ -51,7 +51,8 @@ struct PrefillStats {
 };
 
 // The rows of the chunk this rank passes and gets back: its rows of the T-token causal layout for
-// pass-KV and auto, all T for pass-Q.
+// pass-KV and auto, all T for pass-Q (and for auto when T is less than the ranks: no layout
+// shards it, and the rule would pick pass-Q anyway).
 int64_t prefill_rows(const Session& session, const PrefillRequest& request, PrefillMethod method);
 // This rank's positions in the chunk (0-based within it), ascending.
 std::vector<int64_t> prefill_chunk_positions(const Session& session, const PrefillRequest& request,
