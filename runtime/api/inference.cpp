@@ -25,12 +25,6 @@ struct CallAnnouncement {
   char message[400] = {};
 };
 
-void copy_text(char* dst, size_t capacity, const std::string& s) {
-  const size_t n = std::min(capacity - 1, s.size());
-  std::memcpy(dst, s.data(), n);
-  dst[n] = '\0';
-}
-
 uint64_t hash_lists(const std::vector<int64_t>& x, const std::vector<int64_t>& y) {
   uint64_t h = api::fnv1a(x.data(), x.size() * sizeof(int64_t));
   const uint64_t n = x.size();
@@ -44,8 +38,8 @@ std::vector<CallAnnouncement> agree(Session& session, CallAnnouncement mine, con
                                     const char* differ_argument, const char* differ_what) {
   if (problem) {
     mine.status = problem->kind() == ArgumentError::Kind::type ? 2 : 1;
-    copy_text(mine.argument, sizeof mine.argument, problem->argument());
-    copy_text(mine.message, sizeof mine.message, problem->message_template());
+    api::copy_text(mine.argument, sizeof mine.argument, problem->argument());
+    api::copy_text(mine.message, sizeof mine.message, problem->message_template());
   }
   const int P = session.size();
   std::vector<CallAnnouncement> all(static_cast<size_t>(P));

@@ -8,23 +8,19 @@
 
 namespace ringattn::inference {
 
-namespace {
-
-std::vector<int64_t> sequences_of(const KVCache& cache, const DecodeRequest& r) {
-  if (!r.sequences.empty()) return r.sequences;
+std::vector<int64_t> sequences_of(const KVCache& cache, const std::vector<int64_t>& given) {
+  if (!given.empty()) return given;
   std::vector<int64_t> all(size_t(cache.shape().batch));
   for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
   return all;
 }
-
-}  // namespace
 
 std::optional<ArgumentError> check_decode(const KVCache& cache, const DecodeRequest& r) {
   if (!r.prefill && !cache.filled())
     return ArgumentError("cache", "{cache} was never filled: prefill it (or append a first token) before decode");
   if (r.tokens < 1)
     return ArgumentError("tokens", "{tokens} " + std::to_string(r.tokens) + " new tokens: must be at least 1");
-  const std::vector<int64_t> seqs = sequences_of(cache, r);
+  const std::vector<int64_t> seqs = sequences_of(cache, r.sequences);
   const int64_t B = cache.shape().batch;
   std::vector<uint8_t> seen(size_t(B), 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -58,7 +54,7 @@ DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeR
   DecodeStats stats;
   const CacheShape& shape = cache.shape();
   const int64_t T = r.tokens, H = r.heads, Hkv = shape.kv_heads, D = shape.head_dim;
-  const std::vector<int64_t> seqs = sequences_of(cache, r);
+  const std::vector<int64_t> seqs = sequences_of(cache, r.sequences);
   const int64_t n = int64_t(seqs.size());
   const size_t eb = size_t(dtype_bytes(shape.dtype));
   const size_t q_token = size_t(H * D) * eb, kv_token = size_t(Hkv * D) * eb;

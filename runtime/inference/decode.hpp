@@ -39,6 +39,9 @@ struct DecodeStats {
   MergeStats merge;
 };
 
+// The sequences a request names: `given`, or all of the cache's when empty.
+std::vector<int64_t> sequences_of(const KVCache& cache, const std::vector<int64_t>& given);
+
 // Why the call cannot run (an ArgumentError naming the argument), found the same on every rank
 // for the same arguments, before the cache changes: a cache never filled, a sequence index out of
 // range or repeated, a first position that is not the sequence's next, or rows past the capacity.

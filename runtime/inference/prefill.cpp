@@ -15,13 +15,6 @@ namespace {
 // Point-to-point tag of the cached shares' transfers (below the communicator's reserved ones).
 constexpr int kCacheShareTag = 32765;
 
-std::vector<int64_t> sequences_of(const KVCache& cache, const std::vector<int64_t>& given) {
-  if (!given.empty()) return given;
-  std::vector<int64_t> all(size_t(cache.shape().batch));
-  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
-  return all;
-}
-
 AttentionSpec chunk_spec(const PrefillRequest& r) {
   AttentionSpec spec;
   spec.mask.causal = true;
