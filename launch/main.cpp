@@ -26,6 +26,7 @@
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/attention/attention_job.hpp"
 #include "launch/bench/bench.hpp"
+#include "launch/decode/decode_job.hpp"
 #include "launch/cli/context.hpp"
 #include "launch/cli/cpu_binding.hpp"
 #include "launch/cli/job_control.hpp"
@@ -45,9 +46,10 @@ int dispatch(LaunchContext& ctx, const std::string& command) {
   if (command == "layer") return ringattn::run_layer(ctx);
   if (command == "bench") return ringattn::run_bench(ctx);
   if (command == "plan") return ringattn::run_plan(ctx);
+  if (command == "decode") return ringattn::run_decode(ctx);
   // Every rank has the same command (agree_to_start): refuse it together, reported once.
   ringattn::agreed_phase(ctx.world, [&] {
-    throw ringattn::usage_error("unknown subcommand '" + command + "' (expected attention, layer, bench or plan)");
+    throw ringattn::usage_error("unknown subcommand '" + command + "' (expected attention, layer, bench, plan or decode)");
   });
   return ringattn::kExitUsage;
 }

@@ -85,7 +85,8 @@ std::string python_name(std::string_view argument) {
       {"kv_heads", "k.shape[2]"},   {"head_dim", "q.shape[3]"},    {"dtype", "q.dtype"},
       {"seq_len", "the sequence length (q.shape[1] summed over the ranks)"},
       {"backend", "the tensors' device"}, {"comm", "comm"},      {"threads", "threads"},
-      {"timeout_s", "timeout"},     {"spec", "the attention keywords"}, {"options", "the context's options"}};
+      {"timeout_s", "timeout"},     {"spec", "the attention keywords"}, {"options", "the context's options"},
+      {"window_left", "window[0]"}, {"tokens", "q.shape[1]"}};
   const auto it = names.find(argument);
   return it != names.end() ? it->second : std::string(argument);
 }
@@ -133,6 +134,14 @@ py::dict stats_dict(const RingStats& s) {
 // call is ordered after the work queued on it and before the work queued on it later.
 void use_stream(Context& c, const std::optional<uintptr_t>& stream) {
   if (stream) c.set_cuda_stream(reinterpret_cast<void*>(*stream));
+}
+
+// A problem the package found on this rank: (argument, message template, type error).
+using FailTuple = std::tuple<std::string, std::string, bool>;
+std::optional<ArgumentError> local_error(const std::optional<FailTuple>& f) {
+  if (!f) return std::nullopt;
+  return ArgumentError(std::get<0>(*f), std::get<1>(*f),
+                       std::get<2>(*f) ? ArgumentError::Kind::type : ArgumentError::Kind::value);
 }
 
 }  // namespace
@@ -266,5 +275,52 @@ PYBIND11_MODULE(_ringattn, m) {
                                  const std::vector<size_t>& per_rank) {
         py::gil_scoped_release release;
         c.allgather_bytes(ptr<const void>(send), bytes, ptr<void>(recv), per_rank);
+      });
+
+  // The inference path (ringattn.KVCache, prefill, decode): host tensors as pointers.
+  py::class_<KVCache>(m, "KVCache")
+      .def(py::init([](Context& c, int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                       const std::string& dtype, int64_t interleave) {
+             CacheOptions o{batch, kv_heads, head_dim, capacity, interleave,
+                            dtype == "bfloat16" ? ElementType::bfloat16 : ElementType::float32};
+             return new KVCache(c, o);
+           }),
+           py::keep_alive<1, 2>())
+      .def("lengths", &KVCache::lengths)
+      .def("rows", &KVCache::rows, py::arg("sequence"), py::arg("rank") = -1)
+      .def("prefill_positions",
+           [](const KVCache& c, int64_t tokens, int64_t window_left, const std::string& method) {
+             InferenceSpec spec;
+             spec.window_left = window_left;
+             spec.method = method == "pass-q" ? PrefillMethod::pass_q : PrefillMethod::pass_kv;
+             return c.prefill_positions(tokens, spec);
+           })
+      .def("prefill",
+           [](KVCache& c, int64_t heads, int64_t rows, int64_t window_left, const std::string& method, uintptr_t q,
+              uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, const std::optional<FailTuple>& fail) {
+             InferenceSpec spec;
+             spec.window_left = window_left;
+             if (method == "auto") spec.method = PrefillMethod::automatic;
+             else if (method == "pass-kv") spec.method = PrefillMethod::pass_kv;
+             else if (method == "pass-q") spec.method = PrefillMethod::pass_q;
+             std::optional<ArgumentError> problem = local_error(fail);
+             if (!problem && method != "auto" && method != "pass-kv" && method != "pass-q")
+               problem = ArgumentError("method", "{method} '" + method + "': expected 'auto', 'pass-kv' or 'pass-q'");
+             InferenceStats st;
+             {
+               py::gil_scoped_release release;
+               st = c.prefill(heads, spec, rows, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v),
+                              ptr<float>(o), ptr<float>(lse), problem);
+             }
+             return st.method == PrefillMethod::pass_q ? "pass-q" : "pass-kv";
+           })
+      .def("decode", [](KVCache& c, int64_t heads, int64_t tokens, int64_t window_left, uintptr_t q, uintptr_t k,
+                        uintptr_t v, uintptr_t o, uintptr_t lse, const std::optional<FailTuple>& fail) {
+        InferenceSpec spec;
+        spec.window_left = window_left;
+        const std::optional<ArgumentError> problem = local_error(fail);
+        py::gil_scoped_release release;
+        c.decode(heads, tokens, spec, ptr<const void>(q), ptr<const void>(k), ptr<const void>(v), ptr<float>(o),
+                 ptr<float>(lse), problem);
       });
 }

@@ -39,6 +39,8 @@
 
 namespace ringattn {
 
+class Session;  // the runtime's (runtime/session.hpp)
+
 // Element types of q, k, v and dout (o, lse and the gradients are float32). float16 runs on the
 // CUDA backend only.
 enum class ElementType { float32, bfloat16, float16 };
@@ -178,6 +180,86 @@ class Context {
   size_t cached_plans() const;
   // Sends `bytes` from every rank; recv gets them in rank order (host memory; for unsharding).
   void allgather_bytes(const void* send, size_t bytes, void* recv, const std::vector<size_t>& bytes_per_rank);
+
+ private:
+  friend class KVCache;
+  Session& session();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Inference: one layer's KV cache sharded across the ranks (docs/reference.md "Inference") ----
+//
+//   ringattn::KVCache cache(ctx, {.batch = 1, .kv_heads = 8, .head_dim = 128, .capacity = L / P + 1024});
+//   cache.prefill(heads, spec, q, k, v, o, lse);     // this rank's rows of the prompt (prefill_rows)
+//   cache.decode(heads, 1, spec, q, k, v, o, lse);   // one new token per sequence, the same on every rank
+//
+// Each rank holds its share of each sequence's K/V rows with their global positions: a prefill's
+// rows stay where the ring computed them, decode's new tokens go round-robin in units of
+// `interleave` tokens to the rank holding the fewest, so shares differ by at most one unit.
+// Attention is causal (with an optional left window); every call is collective, and a bad argument
+// on any rank (a cache past its capacity, a sequence out of range, a position that is not the
+// sequence's next, shapes that differ between ranks, decode on a cache never filled) throws
+// ArgumentError on every rank with the cache unchanged. CPU backend, host memory.
+struct CacheOptions {
+  int64_t batch = 1;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 64;
+  int64_t capacity = 0;    // rows per sequence on each rank
+  int64_t interleave = 1;  // decode's placement unit, in tokens
+  ElementType dtype = ElementType::float32;
+};
+
+// How a prefill computes (SPEC.md --prefill-method): automatic = Meta's rule (pass-KV when
+// T / (T + P) >= 2 Hkv / H, T new and P cached tokens, or when T is large enough to hide the ring's
+// transfers; pass-Q otherwise).
+enum class PrefillMethod { automatic, pass_kv, pass_q };
+
+struct InferenceSpec {
+  int64_t window_left = -1;    // keys i - window_left .. i (-1: unbounded)
+  double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
+  PrefillMethod method = PrefillMethod::automatic;  // prefill
+  // The sequences of the cache the tensors' batch holds, in order (empty: all of them).
+  std::vector<int64_t> sequences;
+  // Decode: the position of each one's first new token (empty: the next one; checked when given).
+  std::vector<int64_t> positions;
+};
+
+struct InferenceStats {
+  double seconds = 0.0;
+  PrefillMethod method = PrefillMethod::automatic;  // the prefill method that ran
+  uint64_t bytes_sent = 0;                          // by this rank
+};
+
+class KVCache {
+ public:
+  KVCache(Context& ctx, const CacheOptions& options);  // collective; the options must agree
+  ~KVCache();
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+
+  const CacheOptions& options() const;
+  // Tokens cached per sequence (the whole sequence's, the same on every rank).
+  std::vector<int64_t> lengths() const;
+  // Rows of a sequence a rank holds (default: this rank).
+  int64_t rows(int64_t sequence, int rank = -1) const;
+  // The rows of a chunk of `tokens` new tokens this rank passes to prefill and gets back, and their
+  // positions within the chunk: its rows of the causal layout (shard(..., causal=True)) for
+  // pass-KV and automatic, the whole chunk for pass-Q.
+  std::vector<int64_t> prefill_positions(int64_t tokens, const InferenceSpec& spec) const;
+
+  // The new tokens' attention (causal) against the cache and themselves, their K/V stored:
+  // q (n, rows, H, D), k, v (n, rows, Hkv, D) in the cache's element type, rows as
+  // prefill_positions gives them (the chunk's length is the ranks' rows summed, or rows for
+  // pass-Q); writes this rank's o (n, rows, H, D) and lse (n, H, rows), float32.
+  // `local_error` (as Context::check's): a problem this rank found itself fails the call on every rank.
+  InferenceStats prefill(int64_t heads, const InferenceSpec& spec, int64_t rows, const void* q, const void* k,
+                         const void* v, float* o, float* lse, const std::optional<ArgumentError>& local_error = {});
+  // `tokens` new tokens per sequence (usually 1; a few for speculative decoding): q (n, tokens, H,
+  // D), k, v (n, tokens, Hkv, D), the same on every rank; appends k, v and writes o (n, tokens, H,
+  // D) and lse (n, H, tokens) on every rank.
+  InferenceStats decode(int64_t heads, int64_t tokens, const InferenceSpec& spec, const void* q, const void* k,
+                        const void* v, float* o, float* lse, const std::optional<ArgumentError>& local_error = {});
 
  private:
   struct Impl;

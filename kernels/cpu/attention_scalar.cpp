@@ -4,5 +4,6 @@
 #include "kernels/cpu/tile_args.hpp"
 
 namespace ringattn::kernels::cpu::scalar {
+#include "kernels/cpu/decode_tiles.inl"
 #include "kernels/cpu/attention_tiles.inl"
 }  // namespace ringattn::kernels::cpu::scalar

@@ -609,5 +609,5 @@ void add_lanes_to_rows(const float* src, int nq, int D, float* dst, int64_t stri
 TileKernels tile_kernels() {
   return TileKernels{Isa::kName,         W,  BR, BC, BCB, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
                      Isa::kHasBf16Dot, &bf16_dot_loop<>, Isa::kHasBf16Dot ? kFmaChains * W * 4 : 0,
-                     &pack_lanes,       &add_lanes_to_rows};
+                     &pack_lanes,       &add_lanes_to_rows, &decode_block, &read_loop};
 }

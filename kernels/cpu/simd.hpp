@@ -62,6 +62,10 @@ struct Isa {
 #endif
 
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  // W bf16 values widened exactly to fp32 (bf16 is the upper half of an fp32).
+  static V load_bf16(const bf16_bits* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }
@@ -134,6 +138,9 @@ struct Isa {
   static constexpr bool kHasBf16Dot = false;
 
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load_bf16(const bf16_bits* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }
@@ -198,6 +205,7 @@ struct Isa {
   static constexpr bool kHasBf16Dot = false;
 
   static V load(const float* p) { return *p; }
+  static V load_bf16(const bf16_bits* p) { return bf16_to_float(*p); }
   static void store(float* p, V v) { *p = v; }
   static V set1(float x) { return x; }
   static V zero() { return 0.0f; }

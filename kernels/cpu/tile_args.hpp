@@ -105,6 +105,37 @@ struct BackwardBlockArgs {
   float score_scale = 1.0f;        // scale * log2(e), applied to bf16-dot scores
 };
 
+// One work item of the decode kernel (kernels/cpu/decode_cpu.hpp): the nq query rows of one
+// key/value head (its H / Hkv query heads times the new tokens, packed as the rows of one tile,
+// as FlashDecoding does) against a run of that head's cached rows, merged into a running state
+// that is not yet normalised: acc = sum p V, l = sum p, m = the running max (log2 units).
+struct DecodeBlockArgs {
+  int head_dim;
+  int nq;                    // <= kDecodeMaxRows
+  const float* q;            // [nq][D], pre-multiplied by scale * log2(e)
+  const int64_t* q_pos;      // [nq]
+  const void* k;             // row j at k + j * D elements (one head's rows, contiguous)
+  const void* v;
+  bool bf16;                 // k, v are bf16 (else fp32)
+  const int64_t* k_pos;      // [rows], ascending
+  int64_t rows;
+  int64_t window_left;       // key j visible to query i when j <= i and (left < 0 or j >= i - left)
+  float* acc;                // [nq][D]
+  float* m;                  // [nq]; -inf: no key seen yet
+  float* l;                  // [nq]
+  float* scratch;            // decode_scratch_floats(D) floats
+  // bf16 K on an ISA with the bf16 dot product: Q as bf16 pairs [nq][D/2] (unscaled; the low half
+  // holds the even element), scores multiplied by score_scale. Null: q above (the FMA path).
+  const uint32_t* q_pairs = nullptr;
+  float score_scale = 1.0f;
+};
+inline constexpr int kDecodeMaxRows = 64;
+inline constexpr int kDecodeKeyBlock = 16;  // keys converted and scored together
+inline int64_t decode_scratch_floats(int head_dim) {
+  // K and V of one key block as fp32 rows, a zero row for padding, the scores of every row.
+  return int64_t(2 * kDecodeKeyBlock + 1) * head_dim + int64_t(kDecodeMaxRows) * kDecodeKeyBlock + 64;
+}
+
 using PackLanesFn = void (*)(const float* src, int64_t stride, int nq, int head_dim, float scale, float* dst,
                             int lanes);
 
@@ -127,6 +158,9 @@ struct TileKernels {
   PackLanesFn pack_lanes;
   // dst[i * stride + d] += src[d][i] for i < nq: a tile's transposed lanes added to its rows.
   void (*add_lanes_to_rows)(const float* src, int nq, int head_dim, float* dst, int64_t stride);
+  void (*decode_block)(const DecodeBlockArgs&);
+  // Sum of n floats read once (the read-bandwidth probe of the decode benchmark).
+  float (*read_loop)(const float* p, int64_t n);
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {

@@ -11,8 +11,10 @@ from ._checks import attention_error as _attention_error, element_type as _eleme
 from ._core import configure, positions, rank, shard, size
 from ._core import check_unshard as _check_unshard, context as _context, is_numpy as _is_numpy
 from ._core import numpy_forward as _numpy_forward, torch_forward as _torch_forward
+from ._inference import KVCache, decode, prefill
 
-__all__ = ["attention", "shard", "unshard", "positions", "rank", "size", "configure", "version"]
+__all__ = ["attention", "shard", "unshard", "positions", "rank", "size", "configure", "version", "KVCache", "prefill",
+           "decode"]
 __version__ = _ringattn.version()
 
 

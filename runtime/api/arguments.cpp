@@ -1,5 +1,6 @@
 #include "runtime/api/arguments.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -233,6 +234,12 @@ std::string plan_key(const Shard& s, const AttentionSpec& spec, int64_t L) {
   add(static_cast<int64_t>(m.block_mask.size()));
   add(static_cast<int64_t>(fnv1a(m.block_mask.data(), m.block_mask.size())));
   return key;
+}
+
+void copy_text(char* dst, size_t capacity, const std::string& s) {
+  const size_t n = std::min(capacity - 1, s.size());
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
 }
 
 }  // namespace ringattn::api

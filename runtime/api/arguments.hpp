@@ -53,6 +53,8 @@ RingOptions ring_options(const Shard& shard, const AttentionSpec& spec);
 // Everything a plan depends on but the block mask's bytes (their hash stands in): the shape,
 // sequence length, mask, layout, schedule, scale and ulysses.
 std::string plan_key(const Shard& shard, const AttentionSpec& spec, int64_t seq_len);
+// s into dst (capacity bytes, NUL-terminated, cut to fit): an announcement's text fields.
+void copy_text(char* dst, size_t capacity, const std::string& s);
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
 
 }  // namespace ringattn::api

@@ -23,12 +23,6 @@ struct Announcement {
   char message[400] = {};
 };
 
-void copy_text(char* dst, size_t capacity, const std::string& s) {
-  const size_t n = std::min(capacity - 1, s.size());
-  std::memcpy(dst, s.data(), n);
-  dst[n] = '\0';
-}
-
 std::string shape_text(const Announcement& a, bool keys) {
   return "(" + std::to_string(a.batch) + ", L_local, " + std::to_string(keys ? a.kv_heads : a.heads) + ", " +
          std::to_string(a.head_dim) + ")";
@@ -54,6 +48,8 @@ struct Context::Impl {
 Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make_unique<Impl>(comm, options)) {}
 
 Context::~Context() = default;
+
+Session& Context::session() { return impl_->session; }
 
 int Context::rank() const { return impl_->session.rank(); }
 int Context::size() const { return impl_->session.size(); }
@@ -100,8 +96,8 @@ AttentionPlan& Context::Impl::agree(const Shard& shard, const AttentionSpec& spe
   Announcement mine;
   if (problem) {
     mine.status = problem->kind() == ArgumentError::Kind::type ? 2 : 1;
-    copy_text(mine.argument, sizeof mine.argument, problem->argument());
-    copy_text(mine.message, sizeof mine.message, problem->message_template());
+    api::copy_text(mine.argument, sizeof mine.argument, problem->argument());
+    api::copy_text(mine.message, sizeof mine.message, problem->message_template());
   } else {
     mine.dtype = static_cast<int32_t>(shard.dtype);
     mine.batch = shard.batch, mine.rows = shard.rows, mine.heads = shard.heads, mine.kv_heads = shard.kv_heads,
