@@ -67,6 +67,16 @@ PY
   rm -rf "$wheel_dir"
 fi
 
+# What `pip install .` takes from PyPI (scikit-build-core and pybind11 to build the wheel, numpy and
+# mpi4py beside it), as wheels in build/wheels: the test of the wheel (tests/python/pip_install.sh)
+# installs from there alone, without the network.
+if [ ! -f build/wheels/.complete ]; then
+  rm -rf build/wheels && mkdir -p build/wheels
+  build/pyenv/bin/pip download -q --dest build/wheels scikit-build-core pybind11 numpy mpi4py &&
+    touch build/wheels/.complete ||
+    echo "launch/setup.sh: could not download the wheels pip install needs into build/wheels (its test fails)" >&2
+fi
+
 # PyTorch 2 and transformers for ringattn.hf and its tests (Debian's PyTorch 1.13 is too old for
 # current transformers), in a venv of their own: build/hfenv, without the system's packages, so
 # that Debian's torch cannot shadow PyTorch 2. PyPI's torch for Linux is the CUDA build: with its
