@@ -14,6 +14,7 @@ packages=(
   python3 python3-matplotlib python3-numpy  # launch/bench/plot_scaling.py and file examples
   python3-venv                            # build/pyenv: the safetensors package for the layer tests
   python3-dev pybind11-dev python3-pybind11  # the Python module ringattn (build/python)
+  ccache                                  # the pip install test's wheel build, cached across checkouts
   python3-torch python3-mpi4py            # its tests and examples (PyTorch, mpi4py communicators)
   iproute2                                # launch/cluster/netns.sh: the cluster in a box (ip netns, tc)
 )
