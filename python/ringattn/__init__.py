@@ -6,6 +6,14 @@ dq, dk and dv through the same ring. Run under ``mpirun -np P python3 script.py`
 linked. Arguments are judged by the library, which names them by their keywords here (a bad value
 raises ValueError, a bad type TypeError, on every rank).
 """
+import importlib.util as _util
+
+# A CUDA build of the compiled half links NCCL and the CUDA runtime; PyTorch's CUDA wheels bring
+# their own, newer, under the same sonames, and whichever loads first serves the whole process.
+# PyTorch's has every symbol ours needs, not the reverse (its libtorch_cuda fails to load on an
+# older system NCCL), so PyTorch loads first when it is installed.
+if _util.find_spec("torch") is not None:
+    import torch as _torch  # noqa: F401
 from . import _ringattn, masks
 from ._checks import attention_error as _attention_error, element_type as _element_type, spec_args as _spec_args
 from ._core import configure, positions, rank, shard, size
