@@ -49,6 +49,7 @@ std::vector<char> pack_share(const KVCache& cache, const std::vector<int64_t>& s
   char* pos = v + rows * size_t(sh.kv_heads) * rb;
   for (int64_t s : seqs) {
     const int64_t n = cache.rows(s);
+    if (n == 0) continue;  // an empty share: nothing to copy (and no buffer to copy into)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t g = 0; g < sh.kv_heads; ++g) {
         const size_t from = size_t(g * sh.capacity + j) * rb, to = size_t(j * sh.kv_heads + g) * rb;
