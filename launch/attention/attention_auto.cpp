@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "launch/cli/options_util.hpp"
 #include "launch/plan/machine_probe.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/session.hpp"
@@ -33,10 +34,8 @@ Json choose_auto_configuration(Job& job, Session& session) {
   const Mask mask = api::build_mask(job.spec, job.seq_len);
   auto spec_of = [&](LayoutKind layout, Schedule schedule, int ulysses) {
     AttentionSpec s = job.spec;
-    s.layout = layout == LayoutKind::zigzag    ? SequenceLayout::zigzag
-               : layout == LayoutKind::striped ? SequenceLayout::striped
-                                               : SequenceLayout::contiguous;
-    s.schedule = schedule == Schedule::ring ? KeyValueSchedule::ring : KeyValueSchedule::direct;
+    s.layout = layout_spec(layout_name(layout));  // the command line's one mapping to the spec
+    s.schedule = schedule_spec(schedule_name(schedule));
     s.ulysses = ulysses;
     return s;
   };

@@ -128,9 +128,7 @@ MachineProbe probe_machine(Session& session, const Shard& shard, const Attention
   ClusterSpec& m = out.machine;
   m.name = "measured at start-up";
   const NodeMap& nodes = session.nodes();
-  m.ranks_per_node = 1;
-  for (int r = 0; r < P; ++r) m.ranks_per_node = std::max(m.ranks_per_node, nodes.local_ranks(r));
-  m.inter_links = 1;
+  m.inter_links = 1;  // ranks_per_node: the caller's, from the same NodeMap
 
   // Points for the fit: probes at 256, 512, ... rows per rank up to the job's shard, at least two
   // (work grows as rows^2, copies and messages as rows: the fit tells the rates from the costs).
@@ -158,7 +156,6 @@ MachineProbe probe_machine(Session& session, const Shard& shard, const Attention
   else m.inter = m.intra;
   session.world().broadcast(&m.intra, sizeof m.intra, 0);
   session.world().broadcast(&m.inter, sizeof m.inter, 0);
-  if (other_node < 0) m.ranks_per_node = P;  // one node: every transfer is within it
 
   // What a step costs beyond its bytes when the ranks run: a ring pass of 16 rows per rank computes
   // next to nothing, so its time over its P steps is a step's latency as the ring meets it (a

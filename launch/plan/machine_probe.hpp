@@ -7,7 +7,6 @@
 //   links          ping-pong between rank 0 and a rank of another node (between nodes) and of its
 //                  own node (within a node), on the transport the ring uses: latency from 4 KiB
 //                  round trips, bandwidth from messages growing to one ring step's K/V;
-//   ranks per node the nodes MPI's shared-memory split found.
 // Per-call, per-message and host-copy costs are 0, as in `plan --same-run`: what the candidates
 // differ in is their balance and their transfers. Collective; every rank gets rank 0's result.
 #pragma once
