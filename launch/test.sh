@@ -5,17 +5,31 @@
 # RINGATTN_QUICK=1 skips the sanitizer build and the fuzzer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Each phase's wall time, so that a CI log shows where its minutes go.
+phase_start=$SECONDS
+phase() {
+  echo "[test.sh] ${1}: $(( SECONDS - phase_start )) s (total $SECONDS s)"
+  phase_start=$SECONDS
+}
+trap 'phase "last phase (ended)"' EXIT
+
 launch/setup.sh
+phase setup
 launch/build.sh
+phase build
 source launch/env.sh
 ctest --test-dir build --output-on-failure --timeout 600 -j"$(nproc)"
+phase "ctest (build)"
 
 # The NCCL path with no GPU: the whole program built on the CPU emulation of CUDA and NCCL
 # (emulation/), and its tests (label nccl_emulation: the NCCL communicator, attention through
 # --backend cuda --comm nccl at P = 1..4, the LoRA layer on cuBLAS and NCCL, a stopped rank).
 cmake -S . -B build-emulated -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA_EMULATION=ON >/dev/null
 cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests ringattn_lora_tests
+phase "build (emulated)"
 ctest --test-dir build-emulated --output-on-failure --timeout 600 -L nccl_emulation
+phase "ctest (emulated)"
 
 if [ "${RINGATTN_QUICK:-0}" = "1" ]; then
   exit 0
@@ -25,8 +39,10 @@ fi
 # cluster in a box (label netns) only once, above: it tests the network path, not memory.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
+phase "build (sanitizers)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$(nproc)" -LE "slow|memory|netns"
+phase "ctest (sanitizers)"
 
 # Fuzzing: libFuzzer with clang, bounded time shared by the .npy and safetensors readers, each
 # seeded with its own corpus under tests/fuzz/corpus.
@@ -34,6 +50,7 @@ if [ -d tests/fuzz ]; then
   cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_FUZZ=ON -DRINGATTN_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
   cmake --build build-fuzz -j"$(nproc)" --target fuzz_npy fuzz_safetensors
+  phase "build (fuzz)"
   seconds=$(( ${RINGATTN_FUZZ_SECONDS:-60} / 2 ))
   for target in npy safetensors; do
     corpus=$(mktemp -d)
