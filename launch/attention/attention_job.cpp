@@ -12,7 +12,6 @@
 #include <memory>
 #include <optional>
 
-#include "launch/attention/attention_auto.hpp"
 #include "launch/attention/attention_inputs.hpp"
 #include "launch/attention/attention_options.hpp"
 #include "launch/attention/attention_report.hpp"
@@ -88,9 +87,14 @@ Open open_job(Job& job, LaunchContext& ctx) {
   const TestFault& fault = ctx.seam.fault;
   Open open;
   agreed_phase(comm, [&] { open.session = open_session(comm, job.context, ctx.seam); });  // NCCL's setup is collective
-  if (job.opt.auto_config) {
-    try {  // the probe's passes and transfers: a failure cannot be agreed on
-      open.auto_choice = choose_auto_configuration(job, *open.session);
+  if (job.opt.auto_options.enabled) {
+    try {  // the probe's and the trials' passes and transfers: a failure cannot be agreed on
+      const AutoConfigured chosen = configure_automatically(
+          *open.session, AutoJob{job.shard, job.spec, job.seq_len, job.backward}, job.auto_settings, /*print=*/true);
+      job.spec = chosen.spec;
+      job.opt.layout = layout_name(chosen.chosen.layout), job.opt.schedule = schedule_name(chosen.chosen.schedule);
+      job.opt.ulysses = chosen.chosen.ulysses;
+      open.auto_choice = chosen.json;
     } catch (const std::exception& e) {
       fail_now(comm, e);
     }

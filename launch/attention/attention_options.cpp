@@ -11,7 +11,6 @@
 
 #include "kernels/cpu/attention_cpu.hpp"
 #include "launch/cli/options_util.hpp"
-#include "launch/plan/cluster_file.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/ulysses_attention.hpp"
@@ -49,15 +48,8 @@ po::options_description describe_attention_options(Options& o) {
   po::options_description run("Execution");
   add_ring_options(run, o.fields());
   add_hybrid_options(run, &o.ulysses, &o.emulate_intra_bandwidth, &o.emulate_intra_latency);
+  add_auto_options(run, o.auto_options);
   run.add_options()
-      ("auto", po::bool_switch(&o.auto_config),
-       "choose --layout, --schedule and --ulysses (those not given) by the cluster model's predicted time; "
-       "prints each candidate's")
-      ("calibration", po::value(&o.calibration)->value_name("FILE.json"),
-       "--auto: the machine to predict with (ringattn plan --save-calibration, or a --cluster file); "
-       "default: measured at start-up")
-      ("auto-budget", po::value(&o.auto_budget)->default_value(2.0, "2")->value_name("SECONDS"),
-       "--auto without --calibration: time for measuring this machine at start-up")
       ("check", po::bool_switch(&o.check), "compare sampled rows with an fp64 reference (exit 3 when they differ)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows sampled by --check")
       ("check-finite", po::bool_switch(&o.check_finite), "refuse NaN/Inf inputs (default for file inputs)")
@@ -121,12 +113,6 @@ void refuse_unused_options(const Options& o, const po::variables_map& vm, bool f
                    "rows --check samples, and this job has none of them");
   if (!o.check) refuse("check-rows", "has no effect without --check");
   if (!files) refuse("no-check-finite", "has no effect: random inputs are not scanned (it applies to --q/--k/--v/--dout files)");
-  if (!o.auto_config) {
-    refuse("calibration", "has no effect without --auto");
-    refuse("auto-budget", "has no effect without --auto");
-  } else if (!o.calibration.empty()) {
-    refuse("auto-budget", "has no effect with --calibration: nothing is measured at start-up");
-  }
   if (o.mask.block_mask.empty() && o.mask.bigbird.empty())
     refuse("mask-block", "has no effect without a block mask (--block-mask or --bigbird)");
 }
@@ -247,19 +233,12 @@ Job resolve_attention_job(const Options& o, const po::variables_map& vm, const L
                    api::check_spec(job.spec)})
     if (bad) throw *bad;
   if (auto bad = api::check_call(job.shard, job.spec, job.seq_len, ctx.world.size())) throw *bad;
-  if (o.auto_config) {
-    if (given(vm, "layout")) job.auto_fixed.layout = layout_option(o.layout, o.mask.causal);
-    if (given(vm, "schedule")) job.auto_fixed.schedule = parse_schedule(o.schedule);
-    if (given(vm, "ulysses")) job.auto_fixed.ulysses = o.ulysses;
-    if (!(o.auto_budget > 0 && o.auto_budget <= 600))
-      throw usage_error("--auto-budget " + std::to_string(o.auto_budget) + ": must be more than 0 and at most 600 seconds");
-    if (!o.calibration.empty()) {
-      job.auto_machine = read_cluster_file(o.calibration, "--calibration");
-      if (job.auto_machine->forward_gflops <= 0)
-        throw usage_error("--calibration " + o.calibration + ": needs the kernel rate forward_gflops (or forward_tflops): "
-                          "a ringattn plan --save-calibration file");
-      if (job.auto_machine->backward_gflops <= 0) job.auto_machine->backward_gflops = 0.8 * job.auto_machine->forward_gflops;
-    }
+  job.auto_settings = resolve_auto_options(o.auto_options, vm);
+  if (o.auto_options.enabled) {
+    AutoFixed& fixed = job.auto_settings.fixed;
+    if (given(vm, "layout")) fixed.layout = layout_option(o.layout, o.mask.causal);
+    if (given(vm, "schedule")) fixed.schedule = parse_schedule(o.schedule);
+    if (given(vm, "ulysses")) fixed.ulysses = o.ulysses;
   }
   return job;
 }

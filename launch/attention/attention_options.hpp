@@ -16,7 +16,7 @@
 #include "launch/cli/execution.hpp"
 #include "launch/cli/mask_options.hpp"
 #include "launch/cli/options_util.hpp"
-#include "launch/plan/auto_choice.hpp"
+#include "launch/plan/auto_configure.hpp"
 #include "kernels/mask/mask.hpp"
 #include "ringattn/ringattn.hpp"
 #include "runtime/api/arguments.hpp"
@@ -41,11 +41,8 @@ struct Options : ExecutionOptions {
   bool progress = false;
   int ulysses = 1;  // hybrid parallelism: all-to-all inside groups of U ranks, the ring across
   double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;
-  // --auto: layout, schedule and Ulysses degree from the cluster model (launch/plan/auto_choice.hpp),
-  // over the machine of --calibration FILE or one measured at start-up within --auto-budget seconds.
-  bool auto_config = false;
-  std::string calibration;
-  double auto_budget = 2.0;
+  // --auto: layout, schedule and Ulysses degree from the cluster model (launch/plan/auto_configure.hpp).
+  AutoOptions auto_options;
 };
 
 // Every option, with its default, bound to `o`.
@@ -62,8 +59,7 @@ struct Job {
   Shard shard;
   ContextOptions context;  // backend, comm, threads (resolved), timeout, link emulation
   std::optional<NpyInfo> q_info, k_info, v_info, dout_info;
-  AutoFixed auto_fixed;                     // with --auto: what the command line fixed
-  std::optional<ClusterSpec> auto_machine;  // with --auto --calibration: the file's machine
+  AutoSettings auto_settings;  // --auto: the file's machine, the budget, what the command line fixed
 
   DType dtype() const { return api::dtype_of(shard.dtype); }
   int threads() const { return context.threads; }

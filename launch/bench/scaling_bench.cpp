@@ -23,6 +23,7 @@
 #include "launch/cli/statistics.hpp"
 #include "runtime/api/arguments.hpp"
 #include "runtime/check.hpp"
+#include "launch/plan/auto_configure.hpp"
 #include "launch/plan/cluster_model.hpp"
 #include "runtime/errors.hpp"
 #include "runtime/random_inputs.hpp"
@@ -46,6 +47,7 @@ struct BenchOptions : ExecutionOptions {
   std::string json, csv;
   std::string ulysses = "1";
   double emulate_intra_bandwidth = 0.0, emulate_intra_latency = 0.0;
+  AutoOptions auto_options;  // --auto: each point's layout, schedule and Ulysses degree chosen for it
 };
 
 po::options_description describe(BenchOptions& o) {
@@ -74,6 +76,7 @@ po::options_description describe(BenchOptions& o) {
        "hybrid parallelism: a point per U (and rank count it divides): all-to-all inside groups of U ranks, "
        "the ring across the P/U groups (1 = ring only)");
   add_hybrid_options(run, nullptr, &o.emulate_intra_bandwidth, &o.emulate_intra_latency);
+  add_auto_options(run, o.auto_options);
   run.add_options()
       ("forward-only", po::bool_switch(&o.forward_only), "time the forward pass only (default: forward and backward)")
       ("check-rows", po::value(&o.check_rows)->default_value(16)->value_name("N"), "rows checked against fp64 per point")
@@ -95,6 +98,7 @@ struct Bench {
   kernels::AttentionDims dims;
   LayoutKind layout = LayoutKind::contiguous;
   Schedule schedule = Schedule::direct;
+  AutoSettings auto_settings;  // --auto; its fixed.ulysses set per point when --ulysses is given
   DType dtype = DType::f32;
   int threads = 1;
   ExecutionChoice execution;  // backend and communicator
@@ -140,6 +144,9 @@ Bench resolve(const BenchOptions& o, const po::variables_map& vm, const LaunchCo
   std::sort(b.ulysses.begin(), b.ulysses.end());
   b.ulysses.erase(std::unique(b.ulysses.begin(), b.ulysses.end()), b.ulysses.end());
   b.schedule = parse_schedule(o.schedule);
+  b.auto_settings = resolve_auto_options(o.auto_options, vm);
+  if (given(vm, "layout")) b.auto_settings.fixed.layout = b.layout;
+  if (given(vm, "schedule")) b.auto_settings.fixed.schedule = b.schedule;
   b.backward = !o.forward_only;
   b.check = !o.no_check;
   b.threads = o.threads ? o.threads : ctx.default_threads();
@@ -204,7 +211,8 @@ struct PassSeries {
 
 // Runs one point on the ranks of `comm`; every rank returns the same point. The attention runs
 // through the runtime's session over the point's ranks, as the attention job's does.
-ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses, const TestSeam& seam) {
+ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, int ulysses, bool ulysses_given,
+                       const TestSeam& seam) {
   const int P = comm.size(), rank = comm.rank();
   const int64_t L = b.seq_len(P);
   const kernels::AttentionDims& dims = b.dims;
@@ -222,6 +230,13 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
   AttentionSpec spec = b.specs[index];
   spec.ulysses = ulysses;
   const Shard shard{B, 0, H, Hkv, D, api::element_type_of(b.dtype)};
+  std::optional<AutoConfigured> chosen;
+  if (b.auto_settings.options.enabled) {  // for this point's ranks, before its plan
+    AutoSettings settings = b.auto_settings;
+    if (ulysses_given) settings.fixed.ulysses = ulysses;
+    chosen = configure_automatically(*session, AutoJob{shard, spec, L, b.backward}, settings, comm.rank() == 0);
+    spec = chosen->spec;
+  }
   AttentionPlan* plan = nullptr;
   agreed_phase(comm, [&] { plan = &session->plan(shard, spec, L); });
   UlyssesAttention& attention = plan->attention();
@@ -272,7 +287,10 @@ ScalingPoint run_point(comm::Communicator& comm, const Bench& b, size_t index, i
 
   ScalingPoint pt;
   pt.ranks = P;
-  pt.ulysses = ulysses;
+  pt.ulysses = spec.ulysses;
+  pt.layout = layout_name(chosen ? chosen->chosen.layout : b.layout);
+  pt.schedule = schedule_name(chosen ? chosen->chosen.schedule : b.schedule);
+  if (chosen) pt.auto_choice = chosen->json;
   pt.nodes = session->nodes().nodes();  // the point's ranks may span fewer nodes than the job's
   pt.seq_len = L;
   if (b.check) {
@@ -360,7 +378,11 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   setup.batch = b.dims.batch, setup.heads = b.dims.heads, setup.kv_heads = b.dims.kv_heads;
   setup.head_dim = b.dims.head_dim;
   setup.mask = api::build_mask(b.specs.front(), b.seq_len(b.ranks.front())).describe(), setup.mask_options = b.opt.mask;
-  setup.layout = layout_name(b.layout), setup.schedule = schedule_name(b.schedule), setup.dtype = dtype_name(b.dtype);
+  const AutoFixed& fixed = b.auto_settings.fixed;
+  const bool chosen = b.auto_settings.options.enabled;
+  setup.layout = chosen && !fixed.layout ? "auto" : layout_name(b.layout);
+  setup.schedule = chosen && !fixed.schedule ? "auto" : schedule_name(b.schedule);
+  setup.dtype = dtype_name(b.dtype);
   setup.backend = b.execution.backend, setup.comm = b.execution.comm;
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
@@ -382,7 +404,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
       ScalingPoint pt;
       if (sub) {
         try {
-          pt = run_point(*sub, b, i, U, ctx.seam);
+          pt = run_point(*sub, b, i, U, given(vm, "ulysses"), ctx.seam);
         } catch (const std::exception& e) {
           // Ranks of the point may be blocked in a transfer, and those outside it wait at the
           // barrier below: end them all (a failure the point's ranks agreed on is reported already).

@@ -13,7 +13,7 @@ template <class Visit>
 void point_fields(const ScalingPoint& p, const ScalingSetup& s, Visit&& visit) {
   RunSummary r;
   r.ranks = p.ranks, r.batch = s.batch, r.seq_len = p.seq_len, r.heads = s.heads, r.kv_heads = s.kv_heads;
-  r.head_dim = s.head_dim, r.mask = s.mask, r.layout = s.layout, r.schedule = s.schedule, r.dtype = s.dtype;
+  r.head_dim = s.head_dim, r.mask = s.mask, r.layout = p.layout, r.schedule = p.schedule, r.dtype = s.dtype;
   r.backend = s.backend, r.comm = s.comm, r.threads = s.threads;
   r.forward_s = p.forward_s, r.flops_forward = p.flops_forward;
   r.gflops_per_rank = rate_per_rank(p.flops_forward, p.forward_s, p.ranks);
@@ -168,6 +168,7 @@ Json scaling_config_json(const ScalingSetup& s) {
 Json scaling_point_json(const ScalingPoint& p, const ScalingSetup& s) {
   Json j = Json::object();
   point_fields(p, s, [&](const char* key, Json value) { j[key] = std::move(value); });
+  if (p.auto_choice) j["auto"] = *p.auto_choice;  // not a CSV column: the candidates are a list
   return j;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct ScalingPoint {
   bool checked = false, check_passed = true;
   double max_abs_err = 0.0;
   int wrong = 0;  // checked tensors (of o, lse, dq, dk, dv) beyond their tolerance
+  std::string layout, schedule;   // the point's (with --auto, chosen for it)
+  std::optional<Json> auto_choice;  // --auto: the candidates and the choice
   double efficiency = 0.0, efficiency_forward = 0.0, efficiency_backward = 0.0;
 };
 
@@ -38,7 +41,7 @@ struct ScalingSetup {
   std::vector<int> ranks;
   int job_ranks = 1, nodes = 1, hardware_threads = 1, threads = 1;
   int64_t seq_len = 0, tokens_per_rank = 0, batch = 1, heads = 1, kv_heads = 1, head_dim = 1;
-  std::string mask, layout, schedule, dtype, backend, comm, host, cpu, isa;
+  std::string mask, layout, schedule, dtype, backend, comm, host, cpu, isa;  // layout, schedule: "auto" with --auto
   MaskOptions mask_options;
   int iters = 1, warmup = 0, check_rows = 0;
   uint64_t seed = 0;

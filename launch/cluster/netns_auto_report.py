@@ -34,15 +34,16 @@ def main():
         best = min(sweep, key=sweep.get)
         chosen = key(auto)
         predicted = {(c["layout"], c["schedule"], c["ulysses"]): c["total_s"] for c in auto["auto"]["candidates"]}
+        tried = sum(c.get("measured_s") is not None for c in auto["auto"]["candidates"])
         in_sweep = sweep.get(chosen, total(auto))
         miss = in_sweep / sweep[best] - 1
         worst = max(worst, miss)
-        rows.append("| %s | %s | %s/%s/U=%d | %.3f (own run %.3f) | %s/%s/U=%d | %.3f | %+.1f%% | %.3f / %.3f |" % (
+        rows.append("| %s | %s | %s/%s/U=%d | %.3f (own run %.3f) | %s/%s/U=%d | %.3f | %+.1f%% | %.3f / %.3f | %d |" % (
             rate, nodes, chosen[0], chosen[1], chosen[2], in_sweep, total(auto), best[0], best[1], best[2],
-            sweep[best], 100 * miss, predicted.get(chosen, float("nan")), predicted.get(best, float("nan"))))
+            sweep[best], 100 * miss, predicted.get(chosen, float("nan")), predicted.get(best, float("nan")), tried))
     print("| link | nodes | --auto chose | its time (s) | fastest measured | its time (s) | chose vs fastest |"
-          " predicted (s): chosen / fastest |")
-    print("|---|---|---|---|---|---|---|---|")
+          " predicted (s): chosen / fastest | candidates tried |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     if limit is not None and worst > limit:
         print("a choice ran %.1f%% slower than the fastest (limit %.0f%%)" % (100 * worst, 100 * limit))

@@ -1,5 +1,7 @@
 #include "launch/plan/auto_choice.hpp"
 
+#include <algorithm>
+
 #include "launch/plan/cluster_file.hpp"
 
 namespace ringattn {
@@ -41,6 +43,48 @@ AutoChoice choose_configuration(const ClusterSpec& cluster, const Workload& w, c
   return choice;
 }
 
+std::vector<size_t> trial_candidates(const AutoChoice& choice, double margin, size_t most) {
+  std::vector<size_t> close;
+  const AutoCandidate& best = choice.chosen();
+  for (size_t i = 0; i < choice.candidates.size(); ++i) {
+    const AutoCandidate& c = choice.candidates[i];
+    if (i != choice.best && c.predicted.ring.fits_memory && c.seconds() <= best.seconds() * (1 + margin))
+      close.push_back(i);
+  }
+  std::stable_sort(close.begin(), close.end(), [&](size_t a, size_t b) {
+    return choice.candidates[a].seconds() < choice.candidates[b].seconds();
+  });
+  // The model's best first; then the best of each other Ulysses degree (the configurations that
+  // differ most: an all-to-all against a ring); then the rest by prediction. Layouts that balance
+  // alike (zigzag and striped) predict alike, and trying both would crowd out the others.
+  std::vector<size_t> order{choice.best};
+  std::vector<bool> taken(choice.candidates.size(), false);
+  taken[choice.best] = true;
+  for (size_t i : close) {
+    const int U = choice.candidates[i].ulysses;
+    const bool seen = std::any_of(order.begin(), order.end(), [&](size_t j) { return choice.candidates[j].ulysses == U; });
+    if (!seen) order.push_back(i), taken[i] = true;
+  }
+  for (size_t i : close)
+    if (!taken[i]) order.push_back(i);
+  if (order.size() > most) order.resize(most);
+  if (order.size() < 2) order.clear();
+  return order;
+}
+
+void choose_measured(AutoChoice& choice) {
+  const auto& model = choice.candidates[choice.best].measured_s;
+  std::optional<size_t> fastest;
+  for (size_t i = 0; i < choice.candidates.size(); ++i) {
+    const auto& m = choice.candidates[i].measured_s;
+    if (m && (!fastest || *m < *choice.candidates[*fastest].measured_s)) fastest = i;
+  }
+  // The model's choice stays unless another ran clearly faster: within the noise of a few passes
+  // the ties keep the defaults, as the model's do.
+  if (fastest && (!model || *choice.candidates[*fastest].measured_s < *model * (1 - kTrialHysteresis)))
+    choice.best = *fastest;
+}
+
 namespace {
 
 std::string describe(const AutoCandidate& c) {
@@ -63,19 +107,32 @@ void print_auto_choice(std::FILE* out, const AutoChoice& choice, const ClusterSp
   std::fprintf(out, "\n            costs not overlapped: %.0f us per kernel call, %.0f us per message, host copies %s",
                c.step_overhead_us, c.message_overhead_us,
                c.host_copy_gbps > 0 ? (std::to_string(c.host_copy_gbps).substr(0, 5) + " GB/s").c_str() : "free");
-  std::fprintf(out, "\n            %-10s %-8s %3s %12s %12s %12s %8s\n", "layout", "schedule", "U", "forward_ms",
-               backward ? "backward_ms" : "", "total_ms", "exposed");
+  const bool tried = !choice.trial_pass.empty();
+  std::fprintf(out, "\n            %-10s %-8s %3s %12s %12s %12s %8s%s\n", "layout", "schedule", "U", "forward_ms",
+               backward ? "backward_ms" : "", "total_ms", "exposed", tried ? "   measured_ms" : "");
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
     const AutoCandidate& a = choice.candidates[i];
     char bwd[32] = "";
     if (backward) std::snprintf(bwd, sizeof bwd, "%12.3f", a.predicted.backward_seconds() * 1e3);
-    std::fprintf(out, "          %s %-10s %-8s %3d %12.3f %12s %12.3f %7.1f%%%s\n", i == choice.best ? "->" : "  ",
+    char measured[32] = "";
+    if (a.measured_s) std::snprintf(measured, sizeof measured, "%14.3f", *a.measured_s * 1e3);
+    std::fprintf(out, "          %s %-10s %-8s %3d %12.3f %12s %12.3f %7.1f%%%s%s\n", i == choice.best ? "->" : "  ",
                  layout_name(a.layout), schedule_name(a.schedule), a.ulysses, a.predicted.forward_seconds() * 1e3, bwd,
-                 a.seconds() * 1e3, 100 * a.predicted.exposed_forward(),
+                 a.seconds() * 1e3, 100 * a.predicted.exposed_forward(), measured,
                  a.predicted.ring.fits_memory ? "" : "  (does not fit in memory)");
   }
   const AutoCandidate& best = choice.chosen();
+  if (tried)
+    std::fprintf(out, "            tried the %zu candidates the model put within %.0f%% of its best: %d round%s of one %s "
+                      "pass each in %.2f s; the fastest measured wins if %.0f%% faster than the model's choice\n",
+                 static_cast<size_t>(std::count_if(choice.candidates.begin(), choice.candidates.end(),
+                                                   [](const AutoCandidate& c) { return c.measured_s.has_value(); })),
+                 100 * kTrialMargin, choice.trial_rounds, choice.trial_rounds == 1 ? "" : "s", choice.trial_pass.c_str(),
+                 choice.trial_seconds, 100 * kTrialHysteresis);
+  else if (!choice.no_trials.empty())
+    std::fprintf(out, "            no trials: %s\n", choice.no_trials.c_str());
   std::fprintf(out, "            chose %s: predicted %.3f ms", describe(best).c_str(), best.seconds() * 1e3);
+  if (best.measured_s) std::fprintf(out, " (measured %.3f ms)", *best.measured_s * 1e3);
   if (choice.candidates.size() > 1) {
     size_t second = choice.best == 0 ? 1 : 0;
     for (size_t i = 0; i < choice.candidates.size(); ++i)
@@ -101,10 +158,18 @@ Json auto_choice_json(const AutoChoice& choice, const ClusterSpec& cluster, cons
     c["forward_s"] = a.predicted.forward_seconds();
     c["backward_s"] = a.predicted.backward_seconds();
     c["total_s"] = a.seconds();
+    c["measured_s"] = a.measured_s ? Json(*a.measured_s) : Json();
     all.push_back(c);
   }
   j["candidates"] = all;
   j["chosen"] = static_cast<int64_t>(choice.best);
+  Json trials = Json::object();
+  trials["pass"] = choice.trial_pass.empty() ? Json() : Json(choice.trial_pass);
+  trials["rounds"] = choice.trial_rounds;
+  trials["seconds"] = choice.trial_seconds;
+  trials["margin"] = kTrialMargin;
+  if (!choice.no_trials.empty()) trials["none_because"] = choice.no_trials;
+  j["trials"] = trials;
   return j;
 }
 

@@ -32,12 +32,19 @@ struct AutoCandidate {
   int ulysses = 1;
   HybridPrediction predicted;
   double seconds() const { return predicted.total_seconds(); }  // forward (+ backward when the job has one)
+  std::optional<double> measured_s;  // its fastest trial pass, when it was tried (see trial_candidates)
 };
 
 struct AutoChoice {
   std::vector<AutoCandidate> candidates;  // in the order they were predicted (the default first)
-  size_t best = 0;                        // the fastest that fits in memory
+  size_t best = 0;                        // the fastest that fits in memory: predicted, or measured when tried
   const AutoCandidate& chosen() const { return candidates[best]; }
+  // The trials, when there were any: what each timed ("forward" or "forward+backward"), how many
+  // rounds over the tried candidates were begun (the last may be cut short by the budget), and
+  // their time in all; or why there were none.
+  std::string trial_pass, no_trials;
+  int trial_rounds = 0;
+  double trial_seconds = 0.0;
 };
 
 // Every configuration of `w` (its layout and schedule are ignored) for `ranks` ranks that `fixed`
@@ -49,6 +56,18 @@ struct AutoChoice {
 using AutoAllowed = std::function<bool(LayoutKind, Schedule, int ulysses)>;
 AutoChoice choose_configuration(const ClusterSpec& cluster, const Workload& w, const MaskView& mask, int ranks,
                                 const AutoFixed& fixed, bool causal, const AutoAllowed& allowed = nullptr);
+
+// The model is trusted where it separates the candidates; where it does not, they are tried: the
+// candidates predicted within `margin` of the best (the plan's stated accuracy, 15%), at most
+// `most`: the model's best first, then the best of each other Ulysses degree, then the rest by
+// prediction; none when only the best is that close. Those that do not fit in memory are never tried.
+constexpr double kTrialMargin = 0.15;
+std::vector<size_t> trial_candidates(const AutoChoice& choice, double margin = kTrialMargin, size_t most = 4);
+
+// After the trials: the fastest measured becomes the choice when it ran more than
+// kTrialHysteresis faster than the model's choice; otherwise the model's choice stays.
+constexpr double kTrialHysteresis = 0.05;
+void choose_measured(AutoChoice& choice);
 
 // Rank 0's account: where the model's machine came from, each candidate's predicted times, and
 // the choice with the reason (its time against the runner-up's and the default's).

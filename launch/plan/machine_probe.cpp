@@ -13,8 +13,8 @@
 namespace ringattn {
 namespace {
 
-// One forward (a warm-up) then a timed forward (+ backward) at `rows` rows per rank, contiguous
-// and direct, with the job's shape and mask kind: a point for the fit, as a benchmark's would be.
+// Probe points: at `rows` rows per rank, balanced (zigzag when causal) and direct, with the job's
+// shape and mask kind, as a benchmark's point would be.
 MeasuredPoint probe_pass(Session& session, const Shard& shard, const AttentionSpec& job_spec, int64_t rows,
                          bool backward) {
   const int P = session.size();
@@ -29,49 +29,18 @@ MeasuredPoint probe_pass(Session& session, const Shard& shard, const AttentionSp
   spec.layout = job_spec.mask.causal ? SequenceLayout::zigzag : SequenceLayout::contiguous;
   spec.schedule = KeyValueSchedule::direct;
   const int64_t seq_len = rows * P;
-  AttentionPlan& plan = session.plan(shard, spec, seq_len);
-  AttentionBackend& backend = session.backend();
-  const size_t elem = shard.dtype == ElementType::float32 ? 4 : 2;
-  const size_t q_elems = size_t(shard.batch * rows * shard.heads * shard.head_dim);
-  const size_t kv_elems = size_t(shard.batch * rows * shard.kv_heads * shard.head_dim);
-  // Zeros: the kernels' speed does not depend on the values (no subnormals, no NaN).
-  std::vector<uint8_t> zeros(std::max(q_elems, kv_elems) * 4, 0);
-  auto buffer = [&](size_t bytes) {
-    DeviceBuffer b(backend, bytes);
-    backend.upload(b.data(), zeros.data(), bytes);
-    return b;
-  };
-  DeviceBuffer q = buffer(q_elems * elem), k = buffer(kv_elems * elem), v = buffer(kv_elems * elem);
-  DeviceBuffer o = buffer(q_elems * 4), lse = buffer(size_t(shard.batch * shard.heads * rows) * 4);
-  UlyssesAttention& attention = plan.attention();
-  comm::Communicator& world = session.world();
-  attention.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
-  world.barrier();
-  const PassStats f = attention.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
-  PassStats b;
-  if (backward) {
-    DeviceBuffer dout = buffer(q_elems * elem), dq = buffer(q_elems * 4), dk = buffer(kv_elems * 4),
-                 dv = buffer(kv_elems * 4);
-    world.barrier();
-    b = attention.backward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>(), dout.data(), dq.as<float>(),
-                           dk.as<float>(), dv.as<float>(), attention.last_forward());
-  }
-  // The slowest rank's times, and the means over ranks of each rank's time and of its waits.
-  double slowest[2] = {f.seconds, b.seconds}, sums[4] = {f.seconds, f.wait_seconds, b.seconds, b.wait_seconds};
-  world.allreduce(slowest, 2, DType::f64, comm::ReduceOp::max);
-  world.allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+  const TimedPasses t = time_passes(session, shard, spec, seq_len, backward, /*warm_up=*/true);
   MeasuredPoint p;
   p.label = "probe at " + std::to_string(rows) + " rows per rank";
   p.ranks = P;
   p.nodes = session.nodes().nodes();
   Workload& w = p.workload;
   w.batch = shard.batch, w.seq_len = seq_len, w.heads = shard.heads, w.kv_heads = shard.kv_heads;
-  w.head_dim = shard.head_dim, w.dtype_bytes = static_cast<int64_t>(elem), w.backward = backward;
+  w.head_dim = shard.head_dim, w.dtype_bytes = shard.dtype == ElementType::float32 ? 4 : 2, w.backward = backward;
   w.layout = api::layout_kind(spec), w.schedule = Schedule::direct;
-  p.mask = plan.mask();
-  p.forward_s = slowest[0], p.forward_mean_s = sums[0] / P, p.forward_wait_s = sums[1] / P;
-  p.backward_s = slowest[1], p.backward_mean_s = sums[2] / P, p.backward_wait_s = sums[3] / P;
-  session.forget(plan);
+  p.mask = api::build_mask(spec, seq_len);
+  p.forward_s = t.forward_s, p.forward_mean_s = t.forward_mean_s, p.forward_wait_s = t.forward_wait_s;
+  p.backward_s = t.backward_s, p.backward_mean_s = t.backward_mean_s, p.backward_wait_s = t.backward_wait_s;
   return p;
 }
 
@@ -119,6 +88,48 @@ LinkSpec probe_link(Session& session, int a, int b, size_t largest) {
 }
 
 }  // namespace
+
+TimedPasses time_passes(Session& session, const Shard& shard, const AttentionSpec& spec, int64_t seq_len, bool backward,
+                        bool warm_up) {
+  const int P = session.size();
+  AttentionPlan& plan = session.plan(shard, spec, seq_len);
+  const int64_t rows = plan.rows();
+  AttentionBackend& backend = session.backend();
+  const size_t elem = shard.dtype == ElementType::float32 ? 4 : 2;
+  const size_t q_elems = size_t(shard.batch * rows * shard.heads * shard.head_dim);
+  const size_t kv_elems = size_t(shard.batch * rows * shard.kv_heads * shard.head_dim);
+  // Zeros: the kernels' speed does not depend on the values (no subnormals, no NaN).
+  std::vector<uint8_t> zeros(std::max(q_elems, kv_elems) * 4, 0);
+  auto buffer = [&](size_t bytes) {
+    DeviceBuffer b(backend, bytes);
+    backend.upload(b.data(), zeros.data(), bytes);
+    return b;
+  };
+  DeviceBuffer q = buffer(q_elems * elem), k = buffer(kv_elems * elem), v = buffer(kv_elems * elem);
+  DeviceBuffer o = buffer(q_elems * 4), lse = buffer(size_t(shard.batch * shard.heads * rows) * 4);
+  UlyssesAttention& attention = plan.attention();
+  comm::Communicator& world = session.world();
+  if (warm_up) attention.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
+  world.barrier();
+  const PassStats f = attention.forward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>());
+  PassStats b;
+  if (backward) {
+    DeviceBuffer dout = buffer(q_elems * elem), dq = buffer(q_elems * 4), dk = buffer(kv_elems * 4),
+                 dv = buffer(kv_elems * 4);
+    world.barrier();
+    b = attention.backward(q.data(), k.data(), v.data(), o.as<float>(), lse.as<float>(), dout.data(), dq.as<float>(),
+                           dk.as<float>(), dv.as<float>(), attention.last_forward());
+  }
+  // The slowest rank's times, and the means over ranks of each rank's time and of its waits.
+  double slowest[2] = {f.seconds, b.seconds}, sums[4] = {f.seconds, f.wait_seconds, b.seconds, b.wait_seconds};
+  world.allreduce(slowest, 2, DType::f64, comm::ReduceOp::max);
+  world.allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+  session.forget(plan);
+  TimedPasses t;
+  t.forward_s = slowest[0], t.forward_mean_s = sums[0] / P, t.forward_wait_s = sums[1] / P;
+  t.backward_s = slowest[1], t.backward_mean_s = sums[2] / P, t.backward_wait_s = sums[3] / P;
+  return t;
+}
 
 MachineProbe probe_machine(Session& session, const Shard& shard, const AttentionSpec& spec, int64_t seq_len,
                            bool backward, double budget_s) {
@@ -173,6 +184,16 @@ MachineProbe probe_machine(Session& session, const Shard& shard, const Attention
   ClusterSpec start = m;
   start.forward_gflops = start.backward_gflops = 100.0;
   m = calibrate(points, start).machine;
+  // A fit to two or three noisy points (other jobs on the cores) can put nearly all of the time
+  // into the per-call and per-message costs and give a kernel rate far beyond any the passes ran
+  // at. Then the largest probe's own rates (its time not waiting, as `plan --same-run` takes them)
+  // are the machine's, and nothing else: a plain model beats a wild one.
+  const ClusterSpec own = machine_of_run(m, points.back());
+  if (m.forward_gflops > 3 * own.forward_gflops || (backward && m.backward_gflops > 3 * own.backward_gflops)) {
+    const LinkSpec intra = m.intra, inter = m.inter;
+    m = own;
+    m.intra = intra, m.inter = inter;
+  }
   m.name = "measured at start-up";
 
   out.seconds = clock.seconds();

@@ -26,6 +26,17 @@ struct MachineProbe {
   std::string account;   // how it was measured, one line
 };
 
+// One pass (forward, and backward when asked) of `spec` at `seq_len` on inputs of zeros (the
+// kernels' speed does not depend on the values), after a warm-up forward when asked: the slowest
+// rank's time of each and the means over ranks. The plan is made for it and forgotten. Collective.
+struct TimedPasses {
+  double forward_s = 0, forward_mean_s = 0, forward_wait_s = 0;
+  double backward_s = 0, backward_mean_s = 0, backward_wait_s = 0;
+  double total_s() const { return forward_s + backward_s; }
+};
+TimedPasses time_passes(Session& session, const Shard& shard, const AttentionSpec& spec, int64_t seq_len, bool backward,
+                        bool warm_up);
+
 MachineProbe probe_machine(Session& session, const Shard& shard, const AttentionSpec& spec, int64_t seq_len,
                            bool backward, double budget_s);
 

@@ -1,7 +1,9 @@
-"""`ringattn --auto` end to end (docs/benchmarks.md, "Choosing the configuration: --auto"): the job runs the
-configuration it printed as chosen, the fastest predicted of its candidates, and checks itself;
-what the command line fixes stays fixed; a calibration file replaces the start-up measurement;
-bad uses exit 2 naming the option.
+"""`ringattn --auto` and `ringattn bench --auto` end to end (docs/benchmarks.md, "Choosing the configuration:
+--auto"): the job runs the configuration it printed as chosen: the fastest predicted of its candidates, or, where
+the model put several within its margin and tried them, the fastest measured of those (unless within the
+hysteresis of the model's own choice); it checks itself; what the command line fixes stays fixed; a calibration
+file replaces the start-up measurement, and with --auto-budget 0 nothing is tried; bad uses exit 2 naming the
+option.
 
   python3 auto_config.py BUILD_DIR MPIEXEC [MPIEXEC_FLAGS...]
 """
@@ -36,9 +38,25 @@ def auto_run(np, extra, name):
     assert (j["layout"], j["schedule"], j["ulysses"]) == (chosen["layout"], chosen["schedule"], chosen["ulysses"]), j
     assert "chose --layout %s --schedule %s --ulysses %d" % (chosen["layout"], chosen["schedule"],
                                                              chosen["ulysses"]) in p.stdout, p.stdout
-    assert all(chosen["total_s"] <= c["total_s"] * 1.005 for c in a["candidates"]), a["candidates"]
+    check_choice(a)
     assert j["check_passed"], j
     return j, p
+
+
+def check_choice(a):
+    cands, chosen, trials = a["candidates"], a["candidates"][a["chosen"]], a["trials"]
+    tried = [c for c in cands if c["measured_s"] is not None]
+    if trials["pass"] is None:
+        assert not tried and chosen["total_s"] <= min(c["total_s"] for c in cands) * 1.005, a
+        return
+    # Tried: only candidates within the margin of the model's best, the model's best among them.
+    best = min(c["total_s"] for c in cands)
+    assert len(tried) >= 2 and all(c["total_s"] <= best * (1 + trials["margin"]) * 1.005 for c in tried), a
+    model = [c for c in tried if c["total_s"] <= best * 1.005]
+    assert model, a
+    fastest = min(c["measured_s"] for c in tried)
+    assert chosen["measured_s"] is not None, a
+    assert chosen["measured_s"] == fastest or chosen in model, a
 
 
 # Measured at start-up, 3 ranks: every layout x schedule x U in {1, 3}... (4 heads: U = 1 only, or 2 at 4 ranks).
@@ -61,15 +79,43 @@ j, p = auto_run(2, ["--calibration", cal], "file")
 assert j["auto"]["source"] == "--calibration " + cal, j["auto"]["source"]
 assert "measured at start-up" not in p.stdout
 
+# The model alone: a calibration file and no time to try anything.
+j, p = auto_run(2, ["--calibration", cal, "--auto-budget", "0"], "model")
+assert j["auto"]["trials"]["pass"] is None and "no trials" in p.stdout, (j["auto"]["trials"], p.stdout)
+
+# Trials: a machine on which every candidate is predicted alike (no links, no costs) leaves them all
+# within the margin; they are tried, and the choice is one of them, by the rule above.
+flat = os.path.join(tmp, "flat.json")
+json.dump({"name": "flat", "forward_gflops": 50, "backward_gflops": 40}, open(flat, "w"))
+j, p = auto_run(4, ["--calibration", flat, "--auto-budget", "20"], "trials")
+assert j["auto"]["trials"]["pass"] is not None and "tried the" in p.stdout, (j["auto"]["trials"], p.stdout)
+assert len({c["ulysses"] for c in j["auto"]["candidates"] if c["measured_s"] is not None}) >= 2, j["auto"]
+
+# bench --auto: each point's configuration chosen for its ranks, and reported per point.
+path = os.path.join(tmp, "bench.json")
+p = run(4, ["bench", "--auto", "--causal", "--seq-len", "2048", "--heads", "4", "--head-dim", "32", "--threads", "1",
+            "--ranks", "2,4", "--iters", "1", "--warmup", "0", "--json", path])
+b = json.load(open(path))
+assert b["config"]["layout"] == "auto" and len(b["points"]) == 2, b["config"]
+for pt in b["points"]:
+    a = pt["auto"]
+    chosen = a["candidates"][a["chosen"]]
+    assert (pt["layout"], pt["schedule"], pt["ulysses"]) == (chosen["layout"], chosen["schedule"], chosen["ulysses"])
+    check_choice(a)
+    assert pt["check_passed"], pt
+assert p.stdout.count("chose --layout") == 2, p.stdout
+
 # Bad uses: exit 2, naming the option, from every rank's point of view (one message, no hang).
 for args, words in [(["--calibration", cal], "--calibration"), (["--auto-budget", "3"], "--auto-budget"),
                     (["--auto", "--calibration", os.path.join(tmp, "missing.json")], "--calibration"),
                     (["--auto", "--auto-budget", "0"], "--auto-budget"),
-                    (["--auto", "--calibration", cal, "--auto-budget", "1"], "--auto-budget")]:
+                    (["--auto", "--calibration", cal, "--auto-budget", "-1"], "--auto-budget")]:
     p = run(2, JOB + args, expect=2)
     assert words in p.stderr, (args, p.stderr)
 bad = os.path.join(tmp, "bad.json")
 json.dump({"name": "no rates"}, open(bad, "w"))
 p = run(2, JOB + ["--auto", "--calibration", bad], expect=2)
 assert "forward_gflops" in p.stderr, p.stderr
+p = run(2, ["bench", "--auto-budget", "3"], expect=2)
+assert "--auto-budget" in p.stderr, p.stderr
 print("auto_config: all passed")

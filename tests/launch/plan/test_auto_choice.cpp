@@ -1,5 +1,6 @@
 // --auto's choice (auto_choice.hpp): the fastest predicted configuration, the defaults on ties,
-// what the command line fixed kept, and configurations the job cannot run left out.
+// what the command line fixed kept, and configurations the job cannot run left out; which
+// candidates are tried where the model cannot separate them, and how their measurements decide.
 #include <gtest/gtest.h>
 
 #include "kernels/mask/mask.hpp"
@@ -78,6 +79,46 @@ TEST(AutoChoice, FixedChoicesStayAndUnrunnableOnesGo) {
   int u4 = 0;
   for (const AutoCandidate& a : c.candidates) u4 += a.ulysses == 4;
   EXPECT_EQ(u4, 1);
+}
+
+// Candidates by hand: predicted totals (forward only), Ulysses degrees.
+AutoChoice made_up(std::vector<std::pair<double, int>> predicted_and_u, size_t best) {
+  AutoChoice c;
+  for (auto [seconds, U] : predicted_and_u) {
+    AutoCandidate a;
+    a.ulysses = U;
+    a.predicted.ring.forward.seconds = seconds;
+    a.predicted.ring.fits_memory = true;
+    c.candidates.push_back(a);
+  }
+  c.best = best;
+  return c;
+}
+
+TEST(AutoChoice, TrialsTakeTheCloseCandidatesOfEachUlyssesDegreeFirst) {
+  // The model's best (index 1), three U = 1 twins just behind it, the best U = 4 and U = 2 within
+  // the margin, one U = 2 beyond it.
+  const AutoChoice c = made_up({{1.01, 1}, {1.00, 1}, {1.01, 1}, {1.02, 1}, {1.10, 4}, {1.12, 2}, {1.30, 2}}, 1);
+  const std::vector<size_t> tried = trial_candidates(c, 0.15, 4);
+  ASSERT_EQ(tried.size(), 4u);
+  EXPECT_EQ(tried[0], 1u);  // the model's best first
+  EXPECT_EQ(tried[1], 4u);  // then the best of each other degree, by prediction
+  EXPECT_EQ(tried[2], 5u);
+  EXPECT_EQ(tried[3], 0u);  // then the rest by prediction
+  EXPECT_TRUE(trial_candidates(made_up({{1.0, 1}, {1.5, 4}}, 0), 0.15, 4).empty());  // separated: no trials
+  AutoChoice big = made_up({{1.0, 1}, {1.01, 4}}, 0);
+  big.candidates[1].predicted.ring.fits_memory = false;
+  EXPECT_TRUE(trial_candidates(big, 0.15, 4).empty());  // never one that does not fit
+}
+
+TEST(AutoChoice, MeasuredFastestWinsOnlyWhenClearlyFaster) {
+  AutoChoice c = made_up({{1.00, 1}, {1.05, 4}, {1.08, 2}}, 0);
+  c.candidates[0].measured_s = 1.00, c.candidates[1].measured_s = 0.97, c.candidates[2].measured_s = 1.20;
+  choose_measured(c);
+  EXPECT_EQ(c.best, 0u);  // 3% faster: within the noise, the model's choice stays
+  c.candidates[1].measured_s = 0.80;
+  choose_measured(c);
+  EXPECT_EQ(c.best, 1u);  // 20% faster: the measurement decides
 }
 
 }  // namespace
