@@ -23,7 +23,7 @@ void add_auto_options(po::options_description& run, AutoOptions& o) {
       ("calibration", po::value(&o.calibration)->value_name("FILE.json"),
        "--auto: the machine to predict with (ringattn plan --save-calibration, or a --cluster file); "
        "default: measured at start-up")
-      ("auto-budget", po::value(&o.budget_s)->default_value(5.0, "5")->value_name("SECONDS"),
+      ("auto-budget", po::value(&o.budget_s)->default_value(10.0, "10")->value_name("SECONDS"),
        "--auto: time for measuring this machine at start-up (without --calibration) and for trying the "
        "candidates the model cannot tell apart (0 with --calibration: the model alone)");
 }

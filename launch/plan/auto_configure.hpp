@@ -25,7 +25,7 @@ class Session;
 struct AutoOptions {
   bool enabled = false;
   std::string calibration;
-  double budget_s = 5.0;  // the probe (without --calibration) and the trials
+  double budget_s = 10.0;  // the probe (without --calibration) and the trials
 };
 void add_auto_options(boost::program_options::options_description& run, AutoOptions& o);
 
