@@ -33,6 +33,8 @@ MARK = re.compile(r"^\s*<!--\s*runnable(?::(?P<options>.*?))?\s*-->\s*$")
 MARK_LIKE = re.compile(r"<!--\s*runnable", re.IGNORECASE)
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\((?P<image>[^)\s]+)\)")
+# The first line of a block with no language that is a command, not output: it belongs in an sh fence.
+COMMAND_START = re.compile(r"^(mpirun|srun|sbatch|build/|launch/|python3? |pip |cmake |source |\$ )")
 HEADING = re.compile(r"^\s{0,3}(?P<level>#{1,6})\s+(?P<text>.*?)\s*#*\s*$")
 
 
@@ -60,6 +62,10 @@ class Block:
     text: str
     mark_line: int = 0  # line of the mark, 0 when unmarked
     options: Options = None
+
+    def looks_like_a_command(self):
+        """A block with no language whose first line reads as a command (mark it sh)."""
+        return not self.language and bool(COMMAND_START.match(self.text))
 
     @property
     def runnable(self):

@@ -90,8 +90,8 @@ def run_block(block, root, env):
     elif status != options.exit_code:
         problem = "exited with %d, expected %d" % (status, options.exit_code)
     else:
-        return None, seconds
-    return "%s\n%s" % (problem, output[-OUTPUT_TAIL:]), seconds
+        return None, output, seconds
+    return "%s\n%s" % (problem, output[-OUTPUT_TAIL:]), output, seconds
 
 
 def selected(block, only):
@@ -105,6 +105,7 @@ def main():
     parser.add_argument("--only", action="append", default=[], help="PAGE or PAGE:LINE (the fence's line)")
     parser.add_argument("--list", action="store_true", help="list the blocks, marked and not, and run nothing")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories")
+    parser.add_argument("--verbose", action="store_true", help="show every block's output")
     args = parser.parse_args()
     source = os.path.abspath(args.source)
 
@@ -142,7 +143,7 @@ def main():
                 continue
             if block.page not in roots:
                 roots[block.page] = scratch_root(source, build)
-            problem, seconds = run_block(block, roots[block.page], env)
+            problem, output, seconds = run_block(block, roots[block.page], env)
             ran += 1
             if problem:
                 failures.append(block)
@@ -151,6 +152,8 @@ def main():
                     block.command_text().strip().replace("\n", "\n    ")), flush=True)
             else:
                 print("ok     %s (%.1f s)" % (block.where(), seconds), flush=True)
+                if args.verbose:
+                    print("  " + output[-OUTPUT_TAIL:].strip().replace("\n", "\n  "), flush=True)
     finally:
         for page, root in roots.items():
             if args.keep:

@@ -8,7 +8,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_links import broken_links  # noqa: E402
+from check_pages import problems_of  # noqa: E402
 from doc_pages import PageError, anchor, anchors, read_page  # noqa: E402
 
 
@@ -84,12 +84,18 @@ class Pages(unittest.TestCase):
         self.write("docs/p.md", "# Top\n## Two words\n[ok](../README.md) [ok](#two-words) [ok](p.md#top)\n"
                    "[web](https://example.com) `[code](nowhere.md)`\n```\n[in code](nowhere.md)\n```\n"
                    "[bad](missing.md) [bad](#three) [bad](../README.md#nope)\n")
-        problems, checked = broken_links(self.root)
+        problems, checked = problems_of(self.root)
         self.assertEqual(checked, 6)
         self.assertEqual(len(problems), 3, problems)
         self.assertIn("no such file docs/missing.md", problems[0])
         self.assertIn("no heading with anchor #three", problems[1])
         self.assertIn("README.md has no heading with anchor #nope", problems[2])
+
+    def test_a_command_in_a_block_with_no_language(self):
+        self.write("docs/p.md", "```\nmpirun -np 2 build/ringattn\n```\n```\nringattn  2 ranks (output)\n```\n")
+        problems, _ = problems_of(self.root)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("docs/p.md:1: a command in a block with no language", problems[0])
 
 
 if __name__ == "__main__":

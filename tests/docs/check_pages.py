@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Every relative link of the user's guide (README.md and docs/*.md) leads somewhere: the file
-exists, and an #anchor names a heading of the page it points to (GitHub's anchors: lowercase,
-punctuation dropped, spaces to '-'). Links to the web are not followed. The runnable marks are
-parsed too, so a mark without its block fails here as well as in run_examples.py.
+"""The user's guide (README.md and docs/*.md) holds together without running anything:
+- every relative link leads somewhere: the file exists, and an #anchor names a heading of the page
+  it points to (GitHub's anchors: lowercase, punctuation dropped, spaces to '-'); links to the web
+  are not followed;
+- every runnable mark parses and precedes a shell or python block (tests/docs/doc_pages.py);
+- no command hides in a block without a language, where run_examples.py would not see it (write
+  ```sh, and mark it runnable where it can run).
 
-Usage: check_links.py [ROOT]   (default: the repository holding this script)
+Usage: check_pages.py [ROOT]   (default: the repository holding this script)
 """
 import os
 import sys
@@ -14,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from doc_pages import PageError, anchors, pages, read_page  # noqa: E402
 
 
-def broken_links(root):
+def problems_of(root):
     problems, checked = [], 0
     headings_of = {}
 
@@ -24,7 +27,11 @@ def broken_links(root):
         return headings_of[path]
 
     for page in pages(root):
-        _, _, links = read_page(root, page)
+        blocks, _, links = read_page(root, page)
+        for block in blocks:
+            if block.looks_like_a_command():
+                problems.append("%s: a command in a block with no language (write ```sh): %s"
+                                % (block.where(), block.text.split("\n")[0]))
         for line, target in links:
             if "://" in target or target.startswith(("mailto:", "//")):
                 continue
@@ -48,13 +55,13 @@ def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     try:
-        problems, checked = broken_links(root)
+        problems, checked = problems_of(root)
     except PageError as e:
         print("FAILED: %s" % e)
         return 1
     for p in problems:
         print("FAILED %s" % p)
-    print("%d relative links checked in %d pages: %d broken" % (checked, len(pages(root)), len(problems)))
+    print("%d pages, %d relative links: %d problems" % (len(pages(root)), checked, len(problems)))
     return 1 if problems else 0
 
 
