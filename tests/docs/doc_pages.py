@@ -12,7 +12,7 @@ them (quotes group), each keyword followed by its values:
     exit N             the block ends with exit status N (it runs without `set -e`), not 0
     replace OLD NEW    run the block with every OLD replaced by NEW (a smaller size, a venv's
                        path); OLD must occur in the block, so a stale replacement fails
-    timeout S          seconds the block may take (default 60)
+    timeout S          seconds the block may take (default 120)
     env NAME=VALUE     an extra environment variable
     needs root         run only as root with network namespaces (the cluster in a box); skipped,
                        and counted as skipped, elsewhere
@@ -46,7 +46,7 @@ class PageError(Exception):
 class Options:
     exit_code: int = 0
     replacements: list = field(default_factory=list)  # (old, new)
-    timeout: float = 60.0
+    timeout: float = 120.0
     env: dict = field(default_factory=dict)
     needs: list = field(default_factory=list)
     cleanup: list = field(default_factory=list)
