@@ -4,17 +4,37 @@
   it points to (GitHub's anchors: lowercase, punctuation dropped, spaces to '-'); links to the web
   are not followed;
 - every runnable mark parses and precedes a shell or python block (tests/docs/doc_pages.py);
+- every path into the source tree a page names (`launch/cluster/netns.sh`, `tests/python/...`)
+  exists (`name.*` stands for any extension);
 - no command hides in a block without a language, where run_examples.py would not see it (write
   ```sh, and mark it runnable where it can run).
 
 Usage: check_pages.py [ROOT]   (default: the repository holding this script)
 """
+import glob
 import os
+import re
 import sys
 from urllib.parse import unquote
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from doc_pages import PageError, anchors, pages, read_page  # noqa: E402
+
+
+SOURCE_PATH = re.compile(r"(?<![\w./-])((?:launch|tests|python|runtime|kernels|comm|util|include|emulation|cmake|docs)"
+                         r"/[A-Za-z0-9_./*-]*[A-Za-z0-9_/*])")
+
+
+def missing_paths(root, page):
+    """Paths into the source tree named anywhere in the page (prose, code, blocks) that do not exist."""
+    with open(os.path.join(root, page), encoding="utf-8") as f:
+        text = f.read()
+    missing = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for path in SOURCE_PATH.findall(line):
+            if not glob.glob(os.path.join(root, path.rstrip("/"))):
+                missing.append("%s:%d: %s: no such file or folder" % (page, number, path))
+    return missing
 
 
 def problems_of(root):
@@ -28,6 +48,7 @@ def problems_of(root):
 
     for page in pages(root):
         blocks, _, links = read_page(root, page)
+        problems += missing_paths(root, page)
         for block in blocks:
             if block.looks_like_a_command():
                 problems.append("%s: a command in a block with no language (write ```sh): %s"

@@ -91,6 +91,15 @@ class Pages(unittest.TestCase):
         self.assertIn("no heading with anchor #three", problems[1])
         self.assertIn("README.md has no heading with anchor #nope", problems[2])
 
+    def test_paths_into_the_source_tree(self):
+        os.makedirs(os.path.join(self.root, "launch", "cluster"))
+        self.write("launch/cluster/netns.sh", "")
+        self.write("docs/p.md", "`launch/cluster/netns.sh` and launch/cluster/netns.* exist,\n"
+                   "```sh\nlaunch/cluster/gone.sh up 4\n```\nbut not launch/gone/.\n")
+        problems, _ = problems_of(self.root)
+        self.assertEqual(problems, ["docs/p.md:3: launch/cluster/gone.sh: no such file or folder",
+                                    "docs/p.md:5: launch/gone/: no such file or folder"])
+
     def test_a_command_in_a_block_with_no_language(self):
         self.write("docs/p.md", "```\nmpirun -np 2 build/ringattn\n```\n```\nringattn  2 ranks (output)\n```\n")
         problems, _ = problems_of(self.root)
