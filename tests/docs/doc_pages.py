@@ -16,7 +16,8 @@ them (quotes group), each keyword followed by its values:
     env NAME=VALUE     an extra environment variable
     needs root         run only as root with network namespaces (the cluster in a box); skipped,
                        and counted as skipped, elsewhere
-    cleanup CMD        run CMD after the block, whether it passed or not
+    cleanup CMD        run CMD before the block (what a killed earlier run left) and after it,
+                       whether it passed or not; CMD's own exit status is ignored
     np N               (python blocks) run the script under `mpirun -np N`
     python EXE         (python blocks) the interpreter, default python3
 

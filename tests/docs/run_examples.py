@@ -28,6 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from doc_pages import PYTHON_LANGUAGES, SHELL_LANGUAGES, PageError, pages, read_page  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
+from netns_test import why_no_namespaces  # noqa: E402  (the cluster in a box's own probe)
+
 OUTPUT_TAIL = 4000  # characters of a failed block's output shown
 
 
@@ -40,12 +43,6 @@ def scratch_root(source, build):
         os.symlink(os.path.join(source, entry), os.path.join(root, entry))
     os.symlink(build, os.path.join(root, "build"))
     return root
-
-
-def network_namespaces_usable():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
 def script_for(block, root):
@@ -67,9 +64,16 @@ def script_for(block, root):
 
 
 def run_block(block, root, env):
-    """Runs one block; returns None when it did what its mark says, else what went wrong."""
+    """Runs one block: (None or what went wrong, its output, seconds)."""
     options = block.options
     block_env = dict(env, **options.env)
+
+    def clean_up():  # before (what a killed earlier run left) and after; its exit status is not the test's
+        for command in options.cleanup:
+            subprocess.run(["bash", "-c", "source launch/env.sh; " + command], cwd=root, env=block_env,
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+
+    clean_up()
     started = time.monotonic()
     proc = subprocess.Popen(["bash", "-c", script_for(block, root)], cwd=root, env=block_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -81,9 +85,7 @@ def run_block(block, root, env):
         output, _ = proc.communicate()
         status = None
     finally:
-        for command in options.cleanup:
-            subprocess.run(["bash", "-c", "source launch/env.sh; " + command], cwd=root, env=block_env,
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        clean_up()
     seconds = time.monotonic() - started
     if status is None:
         problem = "did not finish within %g s" % options.timeout
@@ -129,7 +131,7 @@ def main():
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     env = dict(os.environ, PATH=path, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
-    netns = network_namespaces_usable()
+    no_netns = why_no_namespaces()
     ran, skipped, failures = 0, [], []
     started = time.monotonic()
     roots = {}
@@ -137,9 +139,9 @@ def main():
         for block in blocks:
             if not block.runnable or not selected(block, args.only):
                 continue
-            if "root" in block.options.needs and not netns:
+            if "root" in block.options.needs and no_netns:
                 skipped.append(block)
-                print("skipped %s (needs root and network namespaces)" % block.where(), flush=True)
+                print("skipped %s (needs network namespaces: %s)" % (block.where(), no_netns), flush=True)
                 continue
             if block.page not in roots:
                 roots[block.page] = scratch_root(source, build)
