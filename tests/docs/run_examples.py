@@ -12,7 +12,8 @@ with `set -e` (unless the mark expects another exit status) and bounded time. Th
 mpirun run as root and start more ranks than there are cores (OMPI_ALLOW_RUN_AS_ROOT*,
 OMPI_MCA_rmaps_base_oversubscribe), so the examples keep the form a user on a laptop types.
 
-Usage: run_examples.py --build BUILD_DIR [--source ROOT] [--only PAGE[:LINE]]... [--list] [--keep]
+Usage: run_examples.py --build BUILD_DIR [--source ROOT] [--only PAGE[:LINE]]... [--keep] [--verbose]
+       run_examples.py --list
 Exit 0 when every marked block ran as its mark says, 1 otherwise (each failure named by page,
 line and command, with the end of its output).
 """
@@ -46,7 +47,7 @@ def scratch_root(source, build):
 
 
 def script_for(block, root):
-    """The bash script that runs one block, and how many of its lines precede the block's text."""
+    """The bash script that runs one block (a python block: saved as a script in ROOT, which it runs)."""
     options = block.options
     prelude = ["source launch/env.sh"]
     if options.exit_code == 0:
