@@ -26,7 +26,7 @@ T product_operand(T x, DType type) {
 // kc: a few hundred); a GQA group's heads are summed last, as the gradient of repeating K and V
 // for each head is. One sequential chain over the sequence (as this file summed before) rounds
 // every term against the whole running sum: at L = 4096 its errors were 2.4-8x those of fp32
-// PyTorch on the same inputs (LSE, dK and dV the most); this model's are 0.8-1.5x (README,
+// PyTorch on the same inputs (LSE, dK and dV the most); this model's are 0.8-1.5x (docs/kernels.md,
 // "Precision contract"), so a kernel judged against it is judged against fp32 PyTorch.
 constexpr int64_t kSumPanel = 256;
 

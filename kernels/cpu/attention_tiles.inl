@@ -250,7 +250,7 @@ inline void accumulate_lanes(float* ot, int D, const float* pt, int n, const flo
 // The tile's sum is formed from zero, then added to out (a panel of backward_block's). Continued
 // from out, the sum over every query of the sequence (and of a GQA group's heads) was one fp32
 // chain, each term rounded against the whole running sum: at L = 4096 causal, dV had 6x the
-// error of an fp32 GEMM's panels (README, "Precision contract").
+// error of an fp32 GEMM's panels (docs/kernels.md, "Precision contract").
 template <int RR, int GG>
 inline void grad_rows(float* out, int64_t os, const float* xt, const float* y, int64_t ys, int nq, int d0) {
   V acc[RR][GG];

@@ -66,7 +66,7 @@ struct BackwardShape {
   }
 };
 
-// The shape per head dim and architecture family, chosen by occupancy as the forward's (README,
+// The shape per head dim and architecture family, chosen by occupancy as the forward's (docs/gpu.md,
 // "The tensor-core kernels"): the most CTAs per multiprocessor without spills, with query tiles
 // of at least 32 rows unless smaller ones are needed to reach two CTAs; on a tie, larger tiles.
 template <int D, int Arch>

@@ -42,7 +42,7 @@ struct ForwardShape {
   __host__ __device__ static constexpr size_t shared_bytes() { return kMaskBytes + kQBytes + Keys::shared_bytes(); }
 };
 
-// The shape per head dim and architecture family, chosen by occupancy (README, "The tensor-core
+// The shape per head dim and architecture family, chosen by occupancy (docs/gpu.md, "The tensor-core
 // kernels"): the most CTAs per multiprocessor that registers and shared memory allow without
 // spills, with blocks of at least 32 keys unless smaller ones are needed to reach two CTAs (each
 // block costs two barriers and a rescaling of O whatever its size); on a tie, larger blocks, then

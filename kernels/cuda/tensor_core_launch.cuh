@@ -1,7 +1,7 @@
 // What the tensor-core forward and backward launchers share: the choice of kernel instance for
 // the inputs (element type, head dim) and the GPU's architecture.
 //
-// Tile shapes are chosen per (head dim, architecture family) by occupancy (README, "The
+// Tile shapes are chosen per (head dim, architecture family) by occupancy (docs/gpu.md, "The
 // tensor-core kernels"): a kernel template takes a Shape type, and each launcher maps (D, family)
 // to one. Where sm_80 and sm_90 get the same shape it is one instance, compiled for both; where
 // they differ, each instance names its family (Shape::kArch) and its body is compiled only for

@@ -63,7 +63,7 @@ inline std::string describe_ratios(const PrecisionErrors& e) {
   return buf;
 }
 
-// The same as a row of the sweeps' Markdown table (README, "Long sums"):
+// The same as a row of the sweeps' Markdown table (docs/kernels.md, "Long sums"):
 // | who | L | mask | D | dtype | O | LSE | dQ | dK | dV |
 inline std::string table_row(const std::string& who, const PrecisionCase& c, const PrecisionErrors& e) {
   char buf[256];
