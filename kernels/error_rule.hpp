@@ -16,8 +16,9 @@
 
 namespace ringattn::kernels {
 
-// Measured (docs/kernels.md, "Precision contract"): over 10 shapes and masks x fp32/bf16, the kernels' error is 0.45x to
-// 2.6x that of the plain sequential fp32 computation (per tensor, max over 32 sampled rows). 8x
+// Measured (docs/kernels.md, "Precision contract"): over 10 shapes and masks x fp32/bf16, the
+// kernels' error is 0.45x to 2.6x that of the plain sequential fp32 computation (per tensor, max
+// over 32 sampled rows). 8x
 // leaves 3x for other seeds and summation orders, while at 4096 keys one output off by 1.2e-4 is
 // still 12x over the bound, and a window, document boundary or diagonal one key off 100x to 1000x.
 inline constexpr double kErrorFactor = 8.0;
