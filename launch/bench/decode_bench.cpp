@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
 #include <vector>
 
 #include "kernels/cpu/attention_cpu.hpp"
@@ -93,12 +92,7 @@ int run_decode_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
     threads = parse_int_list(thread_list, "--threads");
     for (int64_t t : threads)
       if (t < 1) throw usage_error("--threads: " + std::to_string(t) + " must be positive");
-    std::stringstream ss(dtypes);
-    for (std::string t; std::getline(ss, t, ',');) {
-      if (t == "fp32") types.push_back(DType::f32);
-      else if (t == "bf16") types.push_back(DType::bf16);
-      else throw usage_error("--dtypes: '" + t + "' is not fp32 or bf16");
-    }
+    types = parse_dtype_list(dtypes, "--dtypes");
     if (rows < 1 || H < 1 || repeats < 1 || probe_mib < 1)
       throw usage_error("--cache-tokens, --heads, --repeats, --probe-mib must be positive");
     if (Hkv < 0 || (Hkv > 0 && H % Hkv != 0)) throw usage_error("--kv-heads must divide --heads (or be 0)");
