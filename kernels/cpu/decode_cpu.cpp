@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/dispatch.hpp"
@@ -83,9 +84,10 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
   const int64_t visible_rows = visible.last - visible.first;
   const int64_t chunks = (visible_rows + kDecodeChunkRows - 1) / kDecodeChunkRows;
   const int64_t items = Hkv * groups * chunks;
-  // Item (g, group, chunk) at (g * groups + group) * chunks + chunk: its rows' acc [nq][D], m, l.
-  const int64_t state_floats = cpu::kDecodeMaxRows * (D + 2);
-  std::vector<float> partial(static_cast<size_t>(items * state_floats));
+  // Item (g, group, chunk) at (g * groups + group) * chunks + chunk: its rows' acc [nq][D], m, l
+  // (written by the item: not initialised here, it is one read of the cache's size / (D + 2)).
+  const int64_t state_floats = std::min<int64_t>(cpu::kDecodeMaxRows, rows_per_head) * (D + 2);
+  std::unique_ptr<float[]> partial(new float[size_t(items * state_floats)]);
   const size_t element_bytes = static_cast<size_t>(dtype_bytes(kv.dtype));
   const int threads = static_cast<int>(std::min<int64_t>(thread_count(options), items));
   const int64_t scratch_floats = cpu::decode_scratch_floats(static_cast<int>(D));
@@ -98,12 +100,9 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
     const int nq = static_cast<int>(std::min<int64_t>(cpu::kDecodeMaxRows, rows_per_head - r0));
     const int64_t j0 = visible.first + chunk * kDecodeChunkRows;
     const int64_t n = std::min(kDecodeChunkRows, visible.last - j0);
-    float* acc = partial.data() + item * state_floats;
+    float* acc = partial.get() + item * state_floats;
     float* m = acc + nq * D;
     float* l = m + nq;
-    std::fill_n(acc, nq * D, 0.0f);
-    std::fill_n(m, nq, kNoKeyMax);
-    std::fill_n(l, nq, 0.0f);
     const size_t first = static_cast<size_t>((g * kv.head_stride + j0) * D) * element_bytes;
     cpu::DecodeBlockArgs a{static_cast<int>(D),
                            nq,
@@ -129,7 +128,7 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
     for (int64_t group = 0; group < groups; ++group) {
       const int64_t r0 = group * cpu::kDecodeMaxRows;
       const int nq = static_cast<int>(std::min<int64_t>(cpu::kDecodeMaxRows, rows_per_head - r0));
-      const float* first = partial.data() + (g * groups + group) * chunks * state_floats;
+      const float* first = partial.get() + (g * groups + group) * chunks * state_floats;
       for (int i = 0; i < nq; ++i) {
         float m_all = kNoKeyMax;
         for (int64_t c = 0; c < chunks; ++c) m_all = std::max(m_all, first[c * state_floats + nq * D + i]);

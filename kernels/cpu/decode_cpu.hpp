@@ -14,10 +14,11 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/cpu/attention_cpu.hpp"
+#include "kernels/cpu/tile_args.hpp"
 
 namespace ringattn::kernels {
 
-inline constexpr int64_t kDecodeChunkRows = 2048;
+inline constexpr int64_t kDecodeChunkRows = cpu::kDecodeChunkRows;
 
 // The new tokens of one sequence: q (tokens, H, D), their global positions ascending.
 struct DecodeQueries {

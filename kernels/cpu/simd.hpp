@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "util/dtype.hpp"
 
@@ -100,6 +101,21 @@ struct Isa {
       r[12 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
     }
   }
+  // Lane j of the result: the sum of r[j]'s lanes (W dot products' partial sums reduced together
+  // in 45 unpacks, shuffles and adds, where W horizontal sums would take 4W shuffles and adds more).
+  static V sum_lanes(V (&r)[W]) {
+    V t[8], u[4];
+    for (int k = 0; k < 8; ++k)  // per 128-bit quarter: r[2k]'s partial sums at 0 and 2, r[2k+1]'s at 1 and 3
+      t[k] = _mm512_add_ps(_mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]), _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]));
+    for (int m = 0; m < 4; ++m)  // per quarter: the partial sums of r[4m .. 4m + 3]
+      u[m] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0x44), _mm512_shuffle_ps(t[2 * m], t[2 * m + 1], 0xEE));
+    const V v01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    const V v23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
+  }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  static float first(V v) { return _mm512_cvtss_f32(v); }
   // 2^x within 2.1 ulp (measured over every fp32 f in [-0.5, 0.5]); exactly 0 below 2^-126 and
   // for -inf, +inf above 2^128, NaN for NaN (a NaN score makes its row NaN, as in PyTorch, rather
   // than dropping the key or emptying the row). A degree-5 fit of 2^f with its constant term
@@ -168,6 +184,26 @@ struct Isa {
       r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
     }
   }
+  // Lane j of the result: the sum of r[j]'s lanes (see the AVX-512 one).
+  static V sum_lanes(V (&r)[W]) {
+    V t[4], u[2];
+    for (int k = 0; k < 4; ++k)
+      t[k] = _mm256_add_ps(_mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]), _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]));
+    for (int m = 0; m < 2; ++m)
+      u[m] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * m], t[2 * m + 1], 0x44), _mm256_shuffle_ps(t[2 * m], t[2 * m + 1], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+  }
+  static float reduce_max(V v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+  }
+  static float reduce_add(V v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+  }
+  static float first(V v) { return _mm256_cvtss_f32(v); }
   // 2^x; exactly 0 below 2^-126 (no subnormals) and for -inf, NaN for NaN.
   static V exp2(V x) {
     V keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);  // false for -inf, true for NaN
@@ -216,6 +252,10 @@ struct Isa {
   static V max(V a, V b) { return a > b ? a : b; }
   static bool any_greater(V a, V b) { return a > b; }
   static void transpose(V (&)[W]) {}  // a 1 x 1 block
+  static V sum_lanes(V (&r)[W]) { return r[0]; }
+  static float reduce_max(V v) { return v; }
+  static float reduce_add(V v) { return v; }
+  static float first(V v) { return v; }
   static V exp2(V x) { return x == -INFINITY ? 0.0f : std::exp2(x); }
 };
 }  // namespace scalar

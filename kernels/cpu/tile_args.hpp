@@ -107,8 +107,8 @@ struct BackwardBlockArgs {
 
 // One work item of the decode kernel (kernels/cpu/decode_cpu.hpp): the nq query rows of one
 // key/value head (its H / Hkv query heads times the new tokens, packed as the rows of one tile,
-// as FlashDecoding does) against a run of that head's cached rows, merged into a running state
-// that is not yet normalised: acc = sum p V, l = sum p, m = the running max (log2 units).
+// as FlashDecoding does) against a run of that head's cached rows. It writes the run's state, not
+// yet normalised: acc = sum p V, l = sum p, m = the max (log2 units), which the driver merges.
 struct DecodeBlockArgs {
   int head_dim;
   int nq;                    // <= kDecodeMaxRows
@@ -121,7 +121,7 @@ struct DecodeBlockArgs {
   int64_t rows;
   int64_t window_left;       // key j visible to query i when j <= i and (left < 0 or j >= i - left)
   float* acc;                // [nq][D]
-  float* m;                  // [nq]; -inf: no key seen yet
+  float* m;                  // [nq]; a row that saw no key: -FLT_MAX and l = 0
   float* l;                  // [nq]
   float* scratch;            // decode_scratch_floats(D) floats
   // bf16 K on an ISA with the bf16 dot product: Q as bf16 pairs [nq][D/2] (unscaled; the low half
@@ -130,10 +130,14 @@ struct DecodeBlockArgs {
   float score_scale = 1.0f;
 };
 inline constexpr int kDecodeMaxRows = 64;
-inline constexpr int kDecodeKeyBlock = 16;  // keys converted and scored together
+// Keys per block of both passes: whole vectors of scores on every ISA, and P V's products summed
+// from zero over 32 keys before they join the running sum.
+inline constexpr int kDecodeKeyBlock = 32;
+// The most rows one call takes: its rows' scores stay in L2 between the passes (64 x 2048 floats).
+inline constexpr int64_t kDecodeChunkRows = 2048;
 inline int64_t decode_scratch_floats(int head_dim) {
-  // K and V of one key block as fp32 rows, a zero row for padding, the scores of every row.
-  return int64_t(2 * kDecodeKeyBlock + 1) * head_dim + int64_t(kDecodeMaxRows) * kDecodeKeyBlock + 64;
+  // The block's K widened, K and V of a padded tail block, every row's scores over the run.
+  return int64_t(3 * kDecodeKeyBlock) * head_dim + int64_t(kDecodeMaxRows) * (kDecodeChunkRows + 1) + 64;
 }
 
 using PackLanesFn = void (*)(const float* src, int64_t stride, int nq, int head_dim, float scale, float* dst,

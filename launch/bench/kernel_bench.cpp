@@ -186,12 +186,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
     dims = parse_int_list(head_dims, "--head-dims");
     for (int64_t d : dims)
       if (!kernels::cpu_supports_head_dim(d)) throw usage_error("--head-dims: " + std::to_string(d) + " is not supported");
-    std::stringstream ss(dtypes);
-    for (std::string t; std::getline(ss, t, ',');) {
-      if (t == "fp32") types.push_back(DType::f32);
-      else if (t == "bf16") types.push_back(DType::bf16);
-      else throw usage_error("--dtypes: '" + t + "' is not fp32 or bf16");
-    }
+    types = parse_dtype_list(dtypes, "--dtypes");
     if (L < 1 || H < 1 || iters < 1 || repeats < 1 || sgemm_n < 1 || threads < 0)
       throw usage_error("--seq-len, --heads, --iters, --repeats, --sgemm-size must be positive");
     if (Hkv < 0 || (Hkv > 0 && H % Hkv != 0)) throw usage_error("--kv-heads must divide --heads (or be 0)");

@@ -83,7 +83,8 @@ po::options_description describe(BenchOptions& o) {
       ("no-check", po::bool_switch(&o.no_check), "skip the per-point check")
       ("json", po::value(&o.json)->value_name("FILE"), "write {\"config\", \"points\"} (rank 0)")
       ("csv", po::value(&o.csv)->value_name("FILE"), "write one line per point (rank 0)");
-  po::options_description all("ringattn bench options (ringattn bench --kernel --help: the kernel benchmark)");
+  po::options_description all(
+      "ringattn bench options (ringattn bench --kernel --help: the kernel benchmark; --decode --help: the decode kernel's)");
   all.add_options()("help,h", "show this help");
   all.add(sweep).add(shape).add(masks).add(run);
   return all;
@@ -362,7 +363,7 @@ int run_scaling_bench(LaunchContext& ctx, const std::vector<std::string>& args) 
   if (!help) agreed_phase(world, [&] { b = resolve(opts, vm, ctx); });
   if (help) {
     if (world.rank() == 0)
-      std::cout << "usage: mpirun -np P ringattn bench [options]   (ringattn bench --kernel: the kernel benchmark)\n\n"
+      std::cout << "usage: mpirun -np P ringattn bench [options]   (ringattn bench --kernel: the kernel benchmark; --decode: the decode kernel against the memory bandwidth)\n\n"
                    "Strong or weak scaling of ring attention over 1, 2, 4, ... ranks of the job, each point\n"
                    "checked against an fp64 reference (exit 3 when one is wrong).\n\n"
                 << desc << "\n";

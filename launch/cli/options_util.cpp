@@ -41,6 +41,16 @@ DType parse_dtype_option(const std::string& name) {
   throw usage_error("--dtype " + name + ": expected fp32 or bf16");
 }
 
+std::vector<DType> parse_dtype_list(const std::string& text, const std::string& option) {
+  std::vector<DType> types;
+  std::stringstream ss(text);
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (t != "fp32" && t != "bf16") throw usage_error(option + ": '" + t + "' is not fp32 or bf16");
+    types.push_back(t == "fp32" ? DType::f32 : DType::bf16);
+  }
+  return types;
+}
+
 SequenceLayout layout_spec(const std::string& name) {
   if (name.empty()) return SequenceLayout::automatic;
   switch (parse_layout(name)) {

@@ -28,6 +28,8 @@ void agree_on_options(comm::Communicator& comm, const std::string& canonical);
 
 // --dtype fp32|bf16; throws ArgumentError naming --dtype.
 DType parse_dtype_option(const std::string& name);
+// A comma-separated list of fp32 and bf16 (the benchmarks' --dtypes); ArgumentError naming `option`.
+std::vector<DType> parse_dtype_list(const std::string& text, const std::string& option);
 
 // --layout and --schedule as the library's AttentionSpec takes them ("" layout: automatic).
 SequenceLayout layout_spec(const std::string& name);

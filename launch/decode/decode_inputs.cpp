@@ -7,6 +7,9 @@
 
 #include "kernels/mask/mask.hpp"
 #include "kernels/reference.hpp"
+#include "launch/attention/attention_options.hpp"
+#include "runtime/errors.hpp"
+#include "util/format.hpp"
 
 namespace ringattn {
 
@@ -24,7 +27,37 @@ constexpr int64_t kCheckKeyBlock = 8192;
 
 }  // namespace
 
+PromptFiles open_prompt_files(const std::string& q, const std::string& k, const std::string& v) {
+  PromptFiles f{inspect_npy(q, "--q"), inspect_npy(k, "--k"), inspect_npy(v, "--v")};
+  const std::vector<int64_t> qs = as_bshd(f.q), ks = as_bshd(f.k);
+  if (f.k.shape != f.v.shape)
+    throw usage_error("--k " + k + " has shape " + format_shape(f.k.shape) + " but --v " + v + " has " +
+                      format_shape(f.v.shape));
+  if (ks[0] != qs[0] || ks[1] != qs[1] || ks[3] != qs[3])
+    throw usage_error("--q " + q + " has shape " + format_shape(f.q.shape) + " but --k " + k + " has " +
+                      format_shape(f.k.shape) + ": batch, length and head dim must agree");
+  if (qs[1] < 1) throw usage_error("--q " + q + " has shape " + format_shape(f.q.shape) + ": the prompt is empty");
+  f.batch = qs[0], f.length = qs[1], f.heads = qs[2], f.kv_heads = ks[2], f.head_dim = qs[3];
+  return f;
+}
+
 void TokenSource::rows(TokenTensor t, int64_t seq, const int64_t* pos, int64_t count, float* out) const {
+  // The prompt's rows (positions below its length, ascending) from the files, the others made.
+  const int64_t in_file = files_ ? std::lower_bound(pos, pos + count, files_->length) - pos : 0;
+  if (in_file > 0) {
+    const NpyInfo& info = t == TokenTensor::q ? files_->q : t == TokenTensor::k ? files_->k : files_->v;
+    // The file as (1, B L, heads D): sequence seq's rows are B L positions seq L + p.
+    std::vector<int64_t> at(static_cast<size_t>(in_file));
+    for (int64_t r = 0; r < in_file; ++r) at[size_t(r)] = seq * files_->length + pos[r];
+    const RowSelection rows{1, files_->batch * files_->length, row_elements(t), at};
+    read_npy_rows(info, rows, out);
+    if (dtype_ == DType::bf16)  // what the kernels see: the cache holds bf16
+      for (int64_t i = 0; i < in_file * row_elements(t); ++i) out[i] = bf16_to_float(float_to_bf16(out[i]));
+  }
+  random_rows(t, seq, pos + in_file, count - in_file, out + in_file * row_elements(t));
+}
+
+void TokenSource::random_rows(TokenTensor t, int64_t seq, const int64_t* pos, int64_t count, float* out) const {
   const int64_t n = row_elements(t);
   const uint64_t stream = mix(seed_ ^ (uint64_t(t) << 56));
   const bool bf16 = dtype_ == DType::bf16;

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/decode_cpu.hpp"
@@ -36,7 +38,7 @@ namespace {
 
 struct DecodeOptions {
   int64_t seq_len = 4096, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
-  std::string dtype = "fp32", window = "-1,0", prefill_method = "auto", json;
+  std::string dtype = "fp32", window = "-1,0", prefill_method = "auto", json, q, k, v;
   int64_t new_tokens = 16, tokens_per_step = 1, prefill_chunk = 0, interleave = 1, capacity = 0;
   uint64_t seed = 0;
   int threads = 0;
@@ -49,7 +51,10 @@ po::options_description describe(DecodeOptions& o) {
   po::options_description d("ringattn decode options");
   d.add_options()
       ("help,h", "show this help")
-      ("seq-len", po::value(&o.seq_len)->default_value(o.seq_len)->value_name("L"), "prompt tokens per sequence")
+      ("q", po::value(&o.q)->value_name("FILE.npy"), "the prompt's queries (B, L, H, D) or (L, H, D), with --k and --v")
+      ("k", po::value(&o.k)->value_name("FILE.npy"), "the prompt's keys (B, L, Hkv, D) or (L, Hkv, D)")
+      ("v", po::value(&o.v)->value_name("FILE.npy"), "the prompt's values (shape of --k)")
+      ("seq-len", po::value(&o.seq_len)->default_value(o.seq_len)->value_name("L"), "prompt tokens per sequence (random prompt)")
       ("batch", po::value(&o.batch)->default_value(o.batch)->value_name("B"), "sequences")
       ("heads", po::value(&o.heads)->default_value(o.heads)->value_name("H"), "query heads")
       ("kv-heads", po::value(&o.kv_heads)->default_value(o.kv_heads)->value_name("HKV"), "key/value heads (0: --heads)")
@@ -79,6 +84,7 @@ po::options_description describe(DecodeOptions& o) {
 
 struct DecodeJob {
   DecodeOptions opt;
+  std::optional<PromptFiles> files;  // the prompt from --q --k --v
   DType dtype = DType::f32;
   int64_t kv_heads = 0, window_left = -1, capacity = 0;
   bool fill_random = false;
@@ -87,9 +93,30 @@ struct DecodeJob {
   float scale = 0.0f;
 };
 
-DecodeJob resolve(const DecodeOptions& o, const LaunchContext& ctx) {
+// The prompt's shape from --q --k --v, each restated shape flag checked against it.
+void shape_from_files(DecodeJob& job, const po::variables_map& vm) {
+  DecodeOptions& o = job.opt;
+  if (o.q.empty() || o.k.empty() || o.v.empty())
+    throw usage_error("--q, --k and --v go together: give all three files, or none for a random prompt");
+  job.files = open_prompt_files(o.q, o.k, o.v);
+  const PromptFiles& f = *job.files;
+  const std::tuple<const char*, int64_t&, int64_t> from_files[] = {
+      {"batch", o.batch, f.batch}, {"seq-len", o.seq_len, f.length}, {"heads", o.heads, f.heads},
+      {"kv-heads", o.kv_heads, f.kv_heads}, {"head-dim", o.head_dim, f.head_dim}};
+  for (const auto& [name, flag, value] : from_files) {
+    if (given(vm, name) && flag != value && !(std::string(name) == "kv-heads" && flag == 0 && value == f.heads))
+      throw usage_error(std::string("--") + name + " " + std::to_string(flag) + " disagrees with the prompt files (--q " +
+                        o.q + " " + format_shape(f.q.shape) + ", --k " + o.k + " " + format_shape(f.k.shape) +
+                        "), which give " + std::to_string(value));
+    flag = value;
+  }
+}
+
+DecodeJob resolve(const DecodeOptions& given_options, const LaunchContext& ctx, const po::variables_map& vm) {
   DecodeJob job;
-  job.opt = o;
+  job.opt = given_options;
+  if (!job.opt.q.empty() || !job.opt.k.empty() || !job.opt.v.empty()) shape_from_files(job, vm);
+  const DecodeOptions& o = job.opt;
   auto positive = [](const char* flag, int64_t v) {
     if (v < 1) throw usage_error(std::string(flag) + " " + std::to_string(v) + " must be positive");
   };
@@ -386,7 +413,7 @@ int run_decode(LaunchContext& ctx) {
                              {"tokens", "--tokens-per-step"},
                              {"cache", "the cache"}});
   DecodeJob job;
-  agreed_phase(comm, [&] { job = resolve(opts, ctx); });
+  agreed_phase(comm, [&] { job = resolve(opts, ctx, vm); });
   report_thread_binding(comm, job.context.threads, opts.threads > 0, ctx);
   comm.set_timeout(job.opt.timeout);
   std::unique_ptr<Session> session;
@@ -395,10 +422,11 @@ int run_decode(LaunchContext& ctx) {
   agreed_phase(comm, [&] {
     cache = std::make_unique<inference::KVCache>(
         session->backend(), comm.rank(), comm.size(),
-        inference::CacheShape{opts.batch, job.kv_heads, opts.head_dim, job.capacity, opts.interleave, job.dtype});
+        inference::CacheShape{job.opt.batch, job.kv_heads, job.opt.head_dim, job.capacity, job.opt.interleave, job.dtype});
   });
-  const TokenSource src(opts.seed, opts.seq_len + opts.new_tokens * opts.tokens_per_step, opts.heads, job.kv_heads,
-                        opts.head_dim, job.dtype);
+  const DecodeOptions& shape = job.opt;  // the files' shape, when given
+  const TokenSource src(shape.seed, shape.seq_len + shape.new_tokens * shape.tokens_per_step, shape.heads, job.kv_heads,
+                        shape.head_dim, job.dtype, job.files);
   // A prefill or a step that fails now is the same on every rank (the checks see the same
   // tables), but a peer may be inside a collective: end every rank.
   PrefillOutcome pre{};
