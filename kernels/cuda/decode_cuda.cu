@@ -2,7 +2,7 @@
 //
 //   split kernel: CTA = 4 warps = up to 16 query rows of one K/V head's group (row r is token
 //                 r / G of query head g G + r % G) against one split of the visible rows, in
-//                 tiles of 32 keys staged as fp32 in shared memory. Scores: one lane per key, the
+//                 tiles of 32 keys loaded 16 bytes per thread and staged as fp32 in shared memory. Scores: one lane per key, the
 //                 group's rows dealt round the warps (row r to warp r % 4, so that the usual 4-8
 //                 rows of a decode step keep every warp busy); softmax statistics by warp
 //                 shuffles. P V: one thread per output column, every row. Each tile's sums
@@ -67,6 +67,21 @@ __device__ __forceinline__ int64_t lse_index(const DecodeParams& p, int g, int64
   return h * p.tokens + t;
 }
 
+// 16 bytes of a bf16 or fp32 array from element `at` (16-byte aligned) as fp32: 8 or 4 values.
+__device__ __forceinline__ void load_vector(const void* base, DType t, int64_t at, float (&out)[8]) {
+  if (t == DType::bf16) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + at);
+    const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)  // the lower half is the first element
+      out[2 * i] = __uint_as_float(words[i] << 16), out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  } else {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const float*>(base) + at);
+    out[0] = __uint_as_float(w.x), out[1] = __uint_as_float(w.y), out[2] = __uint_as_float(w.z);
+    out[3] = __uint_as_float(w.w);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = p.head_dim;
@@ -107,16 +122,19 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
     const int64_t kp_lo = p.pos[j0], kp_hi = p.pos[j0 + count - 1];
     if (kp_lo > qp_hi || (p.window_left >= 0 && kp_hi < qp_lo - p.window_left)) continue;
     __syncthreads();  // the previous tile is no longer read
-    for (int idx = tid; idx < kKeys * D; idx += kThreads) {
-      const int j = idx / D, d = idx % D;
-      float kx = 0.0f, vx = 0.0f;
+    // 16 bytes per load (8 bf16 or 4 fp32 elements; rows are 32-byte multiples), coalesced.
+    const int per_vector = p.kv_type == DType::bf16 ? 8 : 4, vectors = D / per_vector;
+    for (int idx = tid; idx < kKeys * vectors; idx += kThreads) {
+      const int j = idx / vectors, d0 = idx % vectors * per_vector;
+      float kx[8] = {}, vx[8] = {};
       if (j < count) {
-        const int64_t at = (head0 + j0 + j) * D + d;
-        kx = load_element(p.k, p.kv_type, at);
-        vx = load_element(p.v, p.kv_type, at);
+        const int64_t at = (head0 + j0 + j) * D + d0;
+        load_vector(p.k, p.kv_type, at, kx);
+        load_vector(p.v, p.kv_type, at, vx);
       }
-      ks[j * (D + 1) + d] = kx;
-      vs[j * D + d] = vx;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)  // (a constant bound keeps kx, vx in registers)
+        if (e < per_vector) ks[j * (D + 1) + d0 + e] = kx[e], vs[j * D + d0 + e] = vx[e];
     }
     for (int j = tid; j < kKeys; j += kThreads) kpos[j] = j < count ? p.pos[j0 + j] : INT64_MAX;  // never visible
     __syncthreads();
@@ -307,6 +325,10 @@ void cuda_decode_forward(const AttentionDims& dims, const CudaDecodeQueries& q, 
   if (!cuda_decode_supports_head_dim(dims.head_dim))
     throw std::invalid_argument("CUDA decode: head_dim " + std::to_string(dims.head_dim) +
                                 " is not supported (multiples of 16 up to 256)");
+  if (kv.dtype != DType::bf16 && kv.dtype != DType::f32)
+    throw std::invalid_argument("CUDA decode: the cache holds bf16 or fp32");
+  if (!aligned(kv.k, 16) || !aligned(kv.v, 16))
+    throw std::invalid_argument("CUDA decode: the cache's K and V must be 16-byte aligned");
   const int64_t T = q.tokens, H = dims.heads, D = dims.head_dim, visible = kv.last - kv.first;
   if (T < 1) return;
   if (visible <= 0) {  // an empty share: O = 0, LSE = -inf
