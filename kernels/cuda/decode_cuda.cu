@@ -82,6 +82,22 @@ __device__ __forceinline__ void load_vector(const void* base, DType t, int64_t a
   }
 }
 
+// f(r, c, d) for each of the tile's rows r < nrows and this thread's output columns d = tid + 128 c
+// (unrolled: acc[r][c] stays in registers).
+template <class F>
+__device__ __forceinline__ void for_outputs(int tid, int D, int nrows, F&& f) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int d = tid + kThreads * c;
+    if (d >= D) continue;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= nrows) break;
+      f(r, c, d);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = p.head_dim;
@@ -163,18 +179,11 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
     }
     __syncthreads();
 
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int d = tid + kThreads * c;
-      if (d >= D) continue;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= nrows) break;
-        float tile = 0.0f;  // this tile's P V from zero, then added to the running sum
-        for (int j = 0; j < kKeys; ++j) tile = fmaf(ps[r * kKeys + j], vs[j * D + d], tile);
-        acc[r][c] = fmaf(acc[r][c], alpha[r], tile);
-      }
-    }
+    for_outputs(tid, D, nrows, [&](int r, int c, int d) {
+      float tile = 0.0f;  // this tile's P V from zero, then added to the running sum
+      for (int j = 0; j < kKeys; ++j) tile = fmaf(ps[r * kKeys + j], vs[j * D + d], tile);
+      acc[r][c] = fmaf(acc[r][c], alpha[r], tile);
+    });
   }
 
   // The rows' statistics, from their warps to every thread.
@@ -185,36 +194,20 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
   }
   __syncthreads();
 
-  if (p.splits == 1) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int d = tid + kThreads * c;
-      if (d >= D) continue;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= nrows) break;
-        const float lr = l_out[r];
-        p.o[o_index(p, g, r0 + r) + d] = lr > 0.0f ? acc[r][c] / lr : 0.0f;
-      }
-    }
-    if (tid < nrows) {
-      const float lr = l_out[tid];
-      p.lse[lse_index(p, g, r0 + tid)] = lr > 0.0f ? lse_of(m_out[tid], lr) : neg_inf();
-    }
-    return;
+  // One split: the normalised state; several: this split's (acc, m, l) for the merge kernel.
+  float* partial = p.splits == 1 ? nullptr
+                                 : p.partial + ((int64_t(split) * p.kv_heads + g) * p.rows_per_head() + r0) * (D + 2);
+  for_outputs(tid, D, nrows, [&](int r, int c, int d) {
+    if (partial) partial[r * (D + 2) + d] = acc[r][c];
+    else p.o[o_index(p, g, r0 + r) + d] = l_out[r] > 0.0f ? acc[r][c] / l_out[r] : 0.0f;
+  });
+  if (tid >= nrows) return;
+  if (partial) {
+    partial[tid * (D + 2) + D] = m_out[tid], partial[tid * (D + 2) + D + 1] = l_out[tid];
+  } else {
+    const float lr = l_out[tid];
+    p.lse[lse_index(p, g, r0 + tid)] = lr > 0.0f ? lse_of(m_out[tid], lr) : neg_inf();
   }
-  float* out = p.partial + ((int64_t(split) * p.kv_heads + g) * p.rows_per_head() + r0) * (D + 2);
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int d = tid + kThreads * c;
-    if (d >= D) continue;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= nrows) break;
-      out[r * (D + 2) + d] = acc[r][c];
-    }
-  }
-  if (tid < nrows) out[tid * (D + 2) + D] = m_out[tid], out[tid * (D + 2) + D + 1] = l_out[tid];
 }
 
 __global__ void __launch_bounds__(kThreads) decode_merge_kernel(DecodeParams p) {
