@@ -50,6 +50,7 @@ char* KVCache::row_address(const DeviceBuffer& buffer, int64_t seq, int64_t head
   return buffer.as<char>() + size_t((seq * shape_.kv_heads + head) * shape_.capacity + row) * row_bytes();
 }
 const void* KVCache::k(int64_t seq) const { return row_address(k_, seq, 0, 0); }
+const void* KVCache::v(int64_t seq) const { return row_address(v_, seq, 0, 0); }
 const int64_t* KVCache::backend_positions(int64_t seq) const {
   if (!device_pos_.data()) return positions_[size_t(seq)].data();
   return device_pos_.as<int64_t>() + seq * shape_.capacity;
@@ -69,7 +70,6 @@ void* KVCache::scratch(size_t bytes) {
   }
   return scratch_.data();
 }
-const void* KVCache::v(int64_t seq) const { return row_address(v_, seq, 0, 0); }
 
 std::vector<int> KVCache::placement(int64_t seq, int64_t tokens) const {
   std::vector<int64_t> counts = counts_[size_t(seq)];
