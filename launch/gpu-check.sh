@@ -15,11 +15,15 @@
 #   3b. cuDNN's fused attention (--kernel cudnn, cuDNN found as printed at the start): cuDNN's own
 #      checks of every planned graph, the ring through the cuDNN path against fp64 at 1 and 2 ranks
 #      (ringattn_cuda_mpi_tests RingCudnn*), the job with --kernel cudnn --check at 1 and 2 ranks;
+#   3c. inference: `ringattn decode --backend cuda --check` (prefill 16K tokens, decode on the
+#      CUDA decode kernel) at one rank on NCCL and two sharing the GPU;
 #   4. the benchmark table: our kernels (ringattn_gpu_bench, every row checked against fp64) and
 #      torch SDPA's flash backend (and flash-attn when importable) on the same shapes, bf16,
 #      D = 64 and 128, L = 4K to 32K, causal and not, forward and backward TFLOP/s and ratios;
 #      then the cuDNN table (launch/bench/cudnn_table.py): the job at 1 rank on --kernel cudnn and
 #      own beside torch's flash and cuDNN backends and flash-attn, full, causal and a 4K window;
+#      and the decode kernel's read rate against the same run's device copy bandwidth
+#      (ringattn_gpu_decode_bench, 1M cached keys, checked against fp64);
 #   5. compute-sanitizer memcheck, racecheck and synccheck on small shapes of every kernel
 #      (forward, dQ, dK/dV, delta; tensor-core at D = 64, 96, 128, 256 and the simple kernels),
 #      after the tests and the table so that a slow sanitizer cannot spend their budget;
@@ -200,7 +204,7 @@ fi
 echo "# build mode: $mode"
 if [ "$mode" = full ]; then
   targets=(ringattn ringattn_gpu_host_tests ringattn_cuda_tests ringattn_cuda_mpi_tests ringattn_gpu_bench
-           ringattn_cudnn_graph_tests)
+           ringattn_gpu_decode_bench ringattn_cudnn_graph_tests)
   # The Python module, when pybind11 and the Python headers were found.
   [ -d "$build/python/CMakeFiles/ringattn_python.dir" ] && targets+=(ringattn_python)
 else
@@ -243,6 +247,15 @@ if [ "$mode" = full ] && command -v mpirun >/dev/null 2>&1; then
   step ring_nccl_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${ring[@]/mpi/nccl}" \
     --json "$logs/ring_nccl_np1.json" || status=1
   step ring_tests 90 ctest --test-dir "$build" -R '^cuda_mpi_np[12]$' --output-on-failure --timeout 85 || status=1
+  # Inference on this GPU (the KV cache in device memory): a 16K-token prompt prefilled through the
+  # ring's kernels, then decode steps on the CUDA decode kernel, --check'ed against fp64; one rank
+  # on NCCL, and two sharing the GPU (host-staged MPI: the merge of their partial states).
+  decode_args=(decode --backend cuda --dtype bf16 --seq-len 16384 --heads 32 --kv-heads 8 --head-dim 128
+               --new-tokens 8 --check)
+  step decode_np1 40 mpirun -np 1 --oversubscribe --bind-to none "$build/ringattn" "${decode_args[@]}" --comm nccl \
+    --json "$logs/decode_np1.json" || status=1
+  step decode_np2 60 mpirun -np 2 --oversubscribe --bind-to none "$build/ringattn" "${decode_args[@]}" --comm mpi \
+    --json "$logs/decode_np2.json" || status=1
   # The LoRA layer (L 2048, d_model 512, 8 heads, 2 KV heads, r 16, biases, RoPE, bf16) forward and
   # backward on this GPU, --check'ed against the CPU backend in fp32; inputs written by the
   # emulated tests' own helper (plain Python).
@@ -284,6 +297,14 @@ fi
 # 4. Benchmarks: ours, then torch's on the same shapes, then one table.
 bench_args=(--heads 16 --batch 1 --head-dims 64,128 --lengths "$lengths" --causal both --warmup 2 --iters 5)
 step bench 120 "$bench" --json "$logs/ours.json" "${bench_args[@]}" || status=1
+# 4a. The decode kernel's read rate against this device's copy bandwidth measured in the same run
+# (1M cached keys, H 32, Hkv 8, D 128, bf16: 4 GiB read per call; two heads checked against fp64).
+if [ -x "$build/ringattn_gpu_decode_bench" ]; then
+  step decode_bench 60 "$build/ringattn_gpu_decode_bench" --keys 1048576 --heads 32 --kv-heads 8 --head-dim 128 \
+    --dtype bf16 --iters 20 --json "$logs/decode_bench.json" || status=1
+else
+  skipped decode_bench "ringattn_gpu_decode_bench was not built"
+fi
 step torch 150 python3 launch/bench/bench_torch_sdpa.py --json "$logs/torch.json" "${bench_args[@]}" \
   --backends flash,cudnn || true
 # 4b. The cuDNN table: the job at 1 rank on --kernel cudnn and on --kernel own, every row --check'ed

@@ -26,7 +26,8 @@ phase "ctest (build)"
 # (emulation/), and its tests (label nccl_emulation: the NCCL communicator, attention through
 # --backend cuda --comm nccl at P = 1..4, the LoRA layer on cuBLAS and NCCL, a stopped rank).
 cmake -S . -B build-emulated -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA_EMULATION=ON >/dev/null
-cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests ringattn_lora_tests
+cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests ringattn_lora_tests \
+  ringattn_inference_tests
 phase "build (emulated)"
 ctest --test-dir build-emulated --output-on-failure --timeout 600 -L nccl_emulation
 phase "ctest (emulated)"

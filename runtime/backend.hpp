@@ -13,6 +13,7 @@
 #include "comm/communicator.hpp"
 #include "ringattn/errors.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/cpu/decode_cpu.hpp"
 #include "runtime/ring_plan.hpp"
 
 namespace ringattn {
@@ -146,6 +147,34 @@ class AttentionBackend {
   // work queued here so far (a call's results). No-ops on the CPU.
   virtual void after_stream(void* stream) { (void)stream; }
   virtual void before_stream(void* stream) { (void)stream; }
+  // ---- Decode against the KV cache (runtime/inference/) ----
+  // The decode kernel, with kernels/cpu/decode_cpu.hpp's semantics: q.q, kv.k, kv.v and `state`
+  // in backend memory; q.pos and kv.pos host arrays, `kv_pos` the same positions in backend
+  // memory (kv.pos itself on the CPU); `workspace` holds decode_workspace_bytes(dims.head_dim).
+  // Queued on the backend's stream. The defaults (here and below) are the CPU kernels on host memory.
+  virtual void decode(const kernels::AttentionDims& dims, const kernels::DecodeQueries& q,
+                      const kernels::CachedKeyValues& kv, const int64_t* kv_pos, int64_t window_left,
+                      const kernels::AttentionState& state, void* workspace, int threads);
+  virtual size_t decode_workspace_bytes(int64_t head_dim) const {
+    (void)head_dim;
+    return 0;
+  }
+  // Why the decode kernel cannot serve a cache of this head dim (an ArgumentError naming
+  // head_dim), or nothing.
+  virtual std::optional<ArgumentError> decode_problem(int64_t head_dim) const {
+    (void)head_dim;
+    return std::nullopt;
+  }
+  // The merge of partial states across ranks (runtime/inference/rank_merge.hpp) on backend
+  // memory: dst <- merge(dst, src) (kernels::merge_states), and the all-reduce's two halves
+  // (kernels/cpu/state_weights.hpp). Queued on the backend's stream.
+  virtual void merge_states(const kernels::AttentionDims& dims, int64_t rows, const kernels::AttentionState& dst,
+                            const float* src_o, const float* src_lse);
+  virtual void weigh_states(const kernels::AttentionDims& dims, int64_t rows, const float* o, const float* lse,
+                            const float* max_lse, float* sums);
+  virtual void finish_weighted_states(const kernels::AttentionDims& dims, int64_t rows, const float* sums,
+                                      const float* max_lse, float* o, float* lse);
+
   // How the kernels this backend ran round, for these shapes and this input type: the
   // same-precision model the --check compares against (kernels/error_rule.hpp). Where passes ran
   // steps on cuDNN, its rounding is included.
@@ -188,28 +217,36 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
-// A host vector of floats and its copy in a backend's memory: the vector itself when that memory
-// is the host's (no copy), else a buffer of the vector's size (which must not change while mirrored);
-// upload() and download() move the values (no-ops on the host).
-class MirroredFloats {
+// A host buffer and its copy in a backend's memory: the buffer itself when that memory is the
+// host's (no copy), else a buffer of its size; upload() and download() move the bytes (no-ops on
+// the host).
+class MirroredBytes {
  public:
-  MirroredFloats(AttentionBackend& backend, std::vector<float>& host)
+  MirroredBytes(AttentionBackend& backend, void* host, size_t bytes)
       : backend_(backend),
         host_(host),
-        device_(backend.memory() == comm::MemorySpace::host ? DeviceBuffer()
-                                                             : DeviceBuffer(backend, sizeof(float) * host.size())) {}
-  float* data() { return device_.data() ? device_.as<float>() : host_.data(); }  // in the backend's memory
+        device_(backend.memory() == comm::MemorySpace::host ? DeviceBuffer() : DeviceBuffer(backend, bytes)) {}
+  void* data() { return device_.data() ? device_.data() : host_; }  // in the backend's memory
   void upload() {
-    if (device_.data()) backend_.upload(device_.data(), host_.data(), device_.bytes());
+    if (device_.data()) backend_.upload(device_.data(), host_, device_.bytes());
   }
   void download() {
-    if (device_.data()) backend_.download(host_.data(), device_.data(), device_.bytes());
+    if (device_.data()) backend_.download(host_, device_.data(), device_.bytes());
   }
 
  private:
   AttentionBackend& backend_;
-  std::vector<float>& host_;
+  void* host_;
   DeviceBuffer device_;
+};
+
+// A host vector of floats and its copy in a backend's memory (MirroredBytes; the vector's size
+// must not change while mirrored).
+class MirroredFloats : public MirroredBytes {
+ public:
+  MirroredFloats(AttentionBackend& backend, std::vector<float>& host)
+      : MirroredBytes(backend, host.data(), sizeof(float) * host.size()) {}
+  float* data() { return static_cast<float*>(MirroredBytes::data()); }
 };
 
 }  // namespace ringattn

@@ -5,6 +5,8 @@
 #include <new>
 
 #include "kernels/cpu/attention_cpu.hpp"
+#include "kernels/cpu/decode_cpu.hpp"
+#include "kernels/cpu/state_weights.hpp"
 #include "runtime/backend.hpp"
 
 namespace ringattn {
@@ -76,5 +78,26 @@ class CpuBackend final : public AttentionBackend {
 }  // namespace
 
 std::unique_ptr<AttentionBackend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+// The AttentionBackend defaults: the CPU kernels on host memory.
+void AttentionBackend::decode(const kernels::AttentionDims& dims, const kernels::DecodeQueries& q,
+                              const kernels::CachedKeyValues& kv, const int64_t*, int64_t window_left,
+                              const kernels::AttentionState& state, void*, int threads) {
+  kernels::CpuOptions options;
+  options.threads = threads;
+  kernels::decode_forward(dims, q, kv, window_left, state, options);
+}
+void AttentionBackend::merge_states(const kernels::AttentionDims& dims, int64_t rows, const kernels::AttentionState& dst,
+                                    const float* src_o, const float* src_lse) {
+  kernels::merge_states(dims, rows, dst, src_o, src_lse);
+}
+void AttentionBackend::weigh_states(const kernels::AttentionDims& dims, int64_t rows, const float* o, const float* lse,
+                                    const float* max_lse, float* sums) {
+  kernels::weigh_states(dims, rows, o, lse, max_lse, sums);
+}
+void AttentionBackend::finish_weighted_states(const kernels::AttentionDims& dims, int64_t rows, const float* sums,
+                                              const float* max_lse, float* o, float* lse) {
+  kernels::finish_weighted_states(dims, rows, sums, max_lse, o, lse);
+}
 
 }  // namespace ringattn

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kernels/cuda/attention_cuda.hpp"
+#include "kernels/cuda/decode_cuda.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "runtime/cudnn_steps.hpp"
 #include "runtime/errors.hpp"
@@ -196,6 +198,39 @@ class CudaBackend final : public AttentionBackend {
     if (why.empty()) return std::nullopt;
     return ArgumentError("kernel", "{kernel} cudnn: " + why);
   }
+  void decode(const kernels::AttentionDims& dims, const kernels::DecodeQueries& q, const kernels::CachedKeyValues& kv,
+              const int64_t* kv_pos, int64_t window_left, const kernels::AttentionState& state, void* workspace,
+              int) override {
+    // The rows some query sees, found on the host copy of the positions; the kernel reads no other.
+    const kernels::VisibleRows visible = kernels::decode_visible_rows(q, kv, window_left);
+    for (int64_t t = 1; t < q.tokens; ++t)
+      if (q.pos[t] != q.pos[0] + t) throw std::invalid_argument("CUDA decode: the new tokens' positions must be consecutive");
+    const kernels::CudaDecodeQueries dq{q.q, q.dtype, q.tokens, q.tokens > 0 ? q.pos[0] : 0};
+    const kernels::CudaCachedRows rows{kv.k, kv.v, kv.dtype, kv.head_stride, kv_pos, visible.first, visible.last};
+    kernels::cuda_decode_forward(dims, dq, rows, window_left, state, workspace, decode_workspace_bytes(dims.head_dim),
+                                 stream_);
+  }
+  size_t decode_workspace_bytes(int64_t head_dim) const override {
+    return kernels::cuda_decode_workspace_bytes(head_dim);
+  }
+  std::optional<ArgumentError> decode_problem(int64_t head_dim) const override {
+    if (kernels::cuda_decode_supports_head_dim(head_dim)) return std::nullopt;
+    return ArgumentError("head_dim", "{head_dim} " + std::to_string(head_dim) +
+                                         " is not supported by the CUDA decode kernel (multiples of 16 up to 256)");
+  }
+  void merge_states(const kernels::AttentionDims& dims, int64_t rows, const kernels::AttentionState& dst,
+                    const float* src_o, const float* src_lse) override {
+    kernels::cuda_merge_states(dims, rows, dst, src_o, src_lse, stream_);
+  }
+  void weigh_states(const kernels::AttentionDims& dims, int64_t rows, const float* o, const float* lse,
+                    const float* max_lse, float* sums) override {
+    kernels::cuda_weigh_states(dims, rows, o, lse, max_lse, sums, stream_);
+  }
+  void finish_weighted_states(const kernels::AttentionDims& dims, int64_t rows, const float* sums, const float* max_lse,
+                              float* o, float* lse) override {
+    kernels::cuda_finish_weighted_states(dims, rows, sums, max_lse, o, lse, stream_);
+  }
+
   int cudnn_version() const override { return cudnn().version(); }
   std::string cudnn_status() const override { return cudnn().status(); }
 

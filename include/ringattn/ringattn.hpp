@@ -200,7 +200,9 @@ class Context {
 // Attention is causal (with an optional left window); every call is collective, and a bad argument
 // on any rank (a cache past its capacity, a sequence out of range, a position that is not the
 // sequence's next, shapes that differ between ranks, decode on a cache never filled) throws
-// ArgumentError on every rank with the cache unchanged. CPU backend, host memory.
+// ArgumentError on every rank with the cache unchanged. The cache lives in the context's backend
+// memory, and the calls' pointers are there too (host memory for the CPU backend, device memory
+// for CUDA: inputs complete before the call, results complete on return).
 struct CacheOptions {
   int64_t batch = 1;
   int64_t kv_heads = 1;

@@ -83,7 +83,8 @@ void TokenSource::rows_as_dtype(TokenTensor t, int64_t seq, const int64_t* pos, 
 }
 
 void check_rows(const TokenSource& source, int64_t seq, const std::vector<int64_t>& q_pos, const float* o,
-                const float* lse, int64_t window_left, float scale, DecodeCheck& into) {
+                const float* lse, int64_t window_left, float scale, DecodeCheck& into,
+                kernels::SamePrecision precision) {
   const int64_t n = int64_t(q_pos.size());
   if (n == 0) return;
   const int64_t H = source.heads(), D = source.head_dim(), KE = source.row_elements(TokenTensor::k);
@@ -111,7 +112,7 @@ void check_rows(const TokenSource& source, int64_t seq, const std::vector<int64_
     kernels::reference_forward(dims, q.data(), q_pos.data(), n, k.data(), v.data(), k_pos.data(), m, view, bo.data(),
                                bl.data());
     kernels::naive_forward_fp32(dims, q.data(), q_pos.data(), n, k.data(), v.data(), k_pos.data(), m, view, fo.data(),
-                                fl.data());
+                                fl.data(), precision);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < n; ++i) {
         const size_t s = size_t(h * n + i), row = size_t((i * H + h) * D);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/error_rule.hpp"
 #include "runtime/io/npy.hpp"
 #include "util/dtype.hpp"
@@ -64,9 +65,12 @@ struct DecodeCheck {
   bool passed() const { return o.passed() && lse.passed(); }
 };
 
-// One sequence's query rows at q_pos (ascending) with their o (n, H, D) and lse (H, n).
+// One sequence's query rows at q_pos (ascending) with their o (n, H, D) and lse (H, n), judged
+// against the plain computation in `precision` (the kernels' rounding: P in bf16 on the CUDA
+// tensor cores).
 void check_rows(const TokenSource& source, int64_t seq, const std::vector<int64_t>& q_pos, const float* o,
-                const float* lse, int64_t window_left, float scale, DecodeCheck& into);
+                const float* lse, int64_t window_left, float scale, DecodeCheck& into,
+                kernels::SamePrecision precision = kernels::SamePrecision::fp32());
 // Combines every rank's check (collective).
 void reduce_check(comm::Communicator& world, DecodeCheck& check);
 

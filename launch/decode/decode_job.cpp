@@ -38,7 +38,7 @@ namespace {
 
 struct DecodeOptions {
   int64_t seq_len = 4096, batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
-  std::string dtype = "fp32", window = "-1,0", prefill_method = "auto", json, q, k, v;
+  std::string dtype = "fp32", window = "-1,0", prefill_method = "auto", json, q, k, v, backend, comm;
   int64_t new_tokens = 16, tokens_per_step = 1, prefill_chunk = 0, interleave = 1, capacity = 0;
   uint64_t seed = 0;
   int threads = 0;
@@ -74,6 +74,9 @@ po::options_description describe(DecodeOptions& o) {
       ("capacity", po::value(&o.capacity)->default_value(o.capacity)->value_name("ROWS"),
        "cache rows per sequence per rank (0: enough for the prompt and the decode steps)")
       ("seed", po::value(&o.seed)->default_value(o.seed), "seed of the random tokens")
+      ("backend", po::value(&o.backend)->value_name("cpu|cuda"), "default: cuda when a GPU is visible, else cpu")
+      ("comm", po::value(&o.comm)->value_name("mpi|nccl"),
+       "default: nccl with the cuda backend when every rank of a node has its own GPU, else mpi")
       ("threads", po::value(&o.threads)->default_value(o.threads)->value_name("N"), "CPU threads per rank (0: the cores shared among the node's ranks)")
       ("timeout", po::value(&o.timeout)->default_value(o.timeout)->value_name("SECONDS"), "bound on every wait for a peer")
       ("check", po::bool_switch(&o.check), "compare sampled steps (and prefill rows) with fp64 attention over the whole sequence")
@@ -152,13 +155,27 @@ DecodeJob resolve(const DecodeOptions& given_options, const LaunchContext& ctx, 
   ExecutionOptions exec;
   exec.threads = o.threads, exec.timeout = o.timeout;
   check_execution_options(exec);
-  job.context = context_options(ExecutionChoice{"cpu", "mpi"}, exec, o.threads ? o.threads : ctx.default_threads());
+  job.context = context_options(choose_execution(o.backend, o.comm, ctx), exec,
+                                o.threads ? o.threads : ctx.default_threads());
   job.scale = 1.0f / std::sqrt(float(o.head_dim));
   return job;
 }
 
 // The prompt into the cache: prefilled in chunks (timed: the time to first token), or filled with
 // random K/V at the rows a ring prefill would have left each rank.
+// A call's host q, k, v and o, lse in the backend's memory (the host buffers themselves on the CPU).
+struct Staged {
+  MirroredBytes q, k, v;
+  MirroredFloats o, lse;
+  Staged(AttentionBackend& b, std::vector<char>& qh, std::vector<char>& kh, std::vector<char>& vh,
+         std::vector<float>& oh, std::vector<float>& lh)
+      : q(b, qh.data(), qh.size()), k(b, kh.data(), kh.size()), v(b, vh.data(), vh.size()), o(b, oh), lse(b, lh) {
+    upload();
+  }
+  void upload() { q.upload(), k.upload(), v.upload(); }
+  void download() { o.download(), lse.download(); }
+};
+
 struct PrefillOutcome {
   double seconds = 0.0;
   inference::PrefillMethod method = inference::PrefillMethod::pass_kv;
@@ -179,6 +196,7 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
     const std::vector<int64_t> mine = layout.positions(session.rank());
     constexpr size_t kRowsPerFill = 16384;  // bounded temporaries, whatever the share
     std::vector<char> k(kRowsPerFill * size_t(Hkv * D) * eb), v(k.size());
+    MirroredBytes kd(session.backend(), k.data(), k.size()), vd(session.backend(), v.data(), v.size());
     for (int64_t s = 0; s < o.batch; ++s)
       if (auto e = cache.capacity_problem(s, per_rank, "capacity")) throw *e;
     for (int64_t s = 0; s < o.batch; ++s) {
@@ -187,7 +205,8 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
                                        mine.begin() + long(std::min(mine.size(), first + kRowsPerFill)));
         src.rows_as_dtype(TokenTensor::k, s, pos.data(), int64_t(pos.size()), k.data());
         src.rows_as_dtype(TokenTensor::v, s, pos.data(), int64_t(pos.size()), v.data());
-        cache.store_rows(s, pos, k.data(), v.data());
+        kd.upload(), vd.upload();
+        cache.store_rows(s, pos, kd.data(), vd.data());
       }
       cache.commit_rows(s, per_rank, o.seq_len);
     }
@@ -211,16 +230,25 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
       src.rows_as_dtype(TokenTensor::v, s, pos.data(), rows, v.data() + size_t(s * rows * Hkv * D) * eb);
     }
     std::vector<float> o_rows(size_t(o.batch * rows * H * D)), lse(size_t(o.batch * H * rows));
-    out.method = inference::prefill(session, cache, r, q.data(), k.data(), v.data(), o_rows.data(), lse.data()).method;
+    Staged io(session.backend(), q, k, v, o_rows, lse);
+    out.method = inference::prefill(session, cache, r, io.q.data(), io.k.data(), io.v.data(), io.o.data(),
+                                    io.lse.data()).method;
+    io.download();
     const bool last = begin + chunk >= o.seq_len;
     if (o.check && last && rows > 0) {  // a few of this rank's rows of the last chunk, each sequence
       const int64_t step = std::max<int64_t>(1, rows / 4);
+      // pass-KV runs the backend's block kernels (their rounding), pass-Q the decode kernel (fp32).
+      const kernels::SamePrecision precision =
+          out.method == inference::PrefillMethod::pass_kv
+              ? session.backend().same_precision(kernels::AttentionDims{1, H, Hkv, D, job.scale}, job.dtype)
+              : kernels::SamePrecision::fp32();
       for (int64_t s = 0; s < o.batch; ++s)
         for (int64_t j = 0; j < rows; j += step) {
           std::vector<float> oj(o_rows.begin() + (s * rows + j) * H * D, o_rows.begin() + (s * rows + j + 1) * H * D);
           std::vector<float> lj(static_cast<size_t>(H));
           for (int64_t h = 0; h < H; ++h) lj[size_t(h)] = lse[size_t((s * H + h) * rows + j)];
-          check_rows(src, s, {pos[size_t(j)]}, oj.data(), lj.data(), job.window_left, job.scale, out.check);
+          check_rows(src, s, {pos[size_t(j)]}, oj.data(), lj.data(), job.window_left, job.scale, out.check,
+                     precision);
         }
     }
   }
@@ -251,9 +279,12 @@ DecodeResults run_steps(const DecodeJob& job, Session& session, inference::KVCac
   DecodeResults r;
   std::vector<char> q(size_t(B * T * H * D) * eb), k(size_t(B * T * Hkv * D) * eb), v(k.size());
   std::vector<float> out(size_t(B * T * H * D)), lse(size_t(B * H * T));
+  Staged io(session.backend(), q, k, v, out, lse);  // once: no step allocates
+  // The CPU's read bandwidth is the CPU kernel's yardstick; a GPU's is not probed here.
+  const bool probing = session.backend().memory() == comm::MemorySpace::host;
   // The read-bandwidth probe runs between the steps (A, B, A, B): both rates under the same load.
   // (256 MiB, counted in the peak memory: well past the caches, so it measures DRAM.)
-  kernels::ReadBandwidthProbe probe(job.context.threads, size_t(256) << 20);
+  kernels::ReadBandwidthProbe probe(job.context.threads, probing ? size_t(256) << 20 : 0);
   for (int64_t step = 0; step < o.new_tokens; ++step) {
     std::vector<std::vector<int64_t>> pos(static_cast<size_t>(B));
     for (int64_t s = 0; s < B; ++s) {
@@ -265,14 +296,16 @@ DecodeResults run_steps(const DecodeJob& job, Session& session, inference::KVCac
     inference::DecodeRequest req;
     req.heads = H, req.tokens = T, req.scale = job.scale, req.window_left = job.window_left;
     req.threads = job.context.threads;
+    io.upload();
     world.barrier();
     const inference::DecodeStats st =
-        inference::decode_step(world, cache, req, q.data(), k.data(), v.data(), out.data(), lse.data());
+        inference::decode_step(session, cache, req, io.q.data(), io.k.data(), io.v.data(), io.o.data(), io.lse.data());
+    io.download();
     r.step_s.push_back(st.seconds);
     r.bytes_per_step = st.merge.bytes_moved;
     r.collective = inference::merge_collective_name(st.merge.collective);
     r.kernel_bytes += st.bytes_read, r.kernel_seconds += st.compute_seconds, r.merge_seconds += st.merge_seconds;
-    if (step % std::max<int64_t>(1, o.new_tokens / 16) == 0) {  // at most 16 or so probes
+    if (probing && step % std::max<int64_t>(1, o.new_tokens / 16) == 0) {  // at most 16 or so probes
       world.barrier();  // every rank probes at once, as they decode at once
       const double bandwidth = probe.pass();
       r.read_bandwidth.push_back(bandwidth);
@@ -325,9 +358,13 @@ int report(const DecodeJob& job, Session& session, const inference::KVCache& cac
                   o.prefill_chunk ? (" in chunks of " + std::to_string(o.prefill_chunk)).c_str() : "", pre.seconds);
     std::printf("  decode    per token %.3f ms median, %.3f ms p95 (slowest rank per step)\n", token_s * 1e3, p95 * 1e3);
     std::printf("  merge     %s, %s moved per token (all ranks)\n", r.collective, human_bytes(bytes_per_token).c_str());
-    std::printf("  kernel    %.2f GB/s read vs %.2f GB/s memory read bandwidth probed between the steps: %.0f%% "
-                "(median per step)\n",
-                kernel_rate / 1e9, bandwidth / 1e9, 100.0 * fraction);
+    if (bandwidth > 0)
+      std::printf("  kernel    %.2f GB/s read vs %.2f GB/s memory read bandwidth probed between the steps: %.0f%% "
+                  "(median per step)\n",
+                  kernel_rate / 1e9, bandwidth / 1e9, 100.0 * fraction);
+    else  // a GPU: launch/gpu-check.sh compares the kernel with the device's bandwidth
+      std::printf("  kernel    %.2f GB/s read (%s backend; no bandwidth probe)\n", kernel_rate / 1e9,
+                  job.context.backend.c_str());
     std::printf("  cache     rows per rank per sequence %lld..%lld (of %lld tokens), %s per rank\n",
                 (long long)rows_min, (long long)rows_max, (long long)total, human_bytes(double(cache.bytes())).c_str());
     std::printf("  memory    peak %s per rank (max), %s (min)\n", human_bytes(rss[0]).c_str(), human_bytes(-rss[1]).c_str());
@@ -349,7 +386,7 @@ int report(const DecodeJob& job, Session& session, const inference::KVCache& cac
     summary.ranks = P, summary.nodes = session.nodes().nodes(), summary.batch = o.batch, summary.seq_len = o.seq_len;
     summary.heads = o.heads, summary.kv_heads = job.kv_heads, summary.head_dim = o.head_dim, summary.mask = mask;
     summary.layout = "zigzag", summary.schedule = "direct", summary.dtype = dtype_name(job.dtype);
-    summary.backend = "cpu", summary.comm = "mpi", summary.threads = job.context.threads, summary.forward_s = token_s;
+    summary.backend = job.context.backend, summary.comm = job.context.comm, summary.threads = job.context.threads, summary.forward_s = token_s;
     // One step's visible pairs: each new token sees every cached key up to it (within the window).
     double pairs = 0;
     for (int64_t t = 0; t < o.tokens_per_step; ++t) {

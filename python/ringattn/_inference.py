@@ -1,5 +1,6 @@
 """Inference against a KV cache sharded across the ranks (SPEC.md "Inference"): ringattn.KVCache,
-ringattn.prefill and ringattn.decode. CPU tensors, no autograd. The checks here are types and
+ringattn.prefill and ringattn.decode. CPU tensors, or CUDA tensors with a cache made with
+device="cuda" (its rows then live on the rank's GPU); no autograd. The checks here are types and
 shapes against the cache; the library judges the rest, on every rank alike, and a problem any
 rank finds raises on every rank with the cache unchanged."""
 from ._checks import element_type
@@ -10,9 +11,10 @@ class KVCache:
     """One layer's KV cache: `capacity` rows per sequence on each rank (its share of each of the
     `batch` sequences, never a whole one). A prefill's rows stay on the rank that computed them;
     decode's new tokens go round-robin in units of `interleave` tokens to the rank holding the
-    fewest, so shares differ by at most one unit. Collective over comm."""
+    fewest, so shares differ by at most one unit. device="cuda": the cache in this rank's GPU
+    memory (the CUDA backend, NCCL between the ranks), taking CUDA tensors. Collective over comm."""
 
-    def __init__(self, batch, kv_heads, head_dim, capacity, dtype=None, comm=None, interleave=1):
+    def __init__(self, batch, kv_heads, head_dim, capacity, dtype=None, comm=None, interleave=1, device="cpu"):
         import torch
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in (torch.float32, torch.bfloat16):
@@ -22,9 +24,12 @@ class KVCache:
             if not isinstance(x, int) or isinstance(x, bool):
                 raise TypeError("%s: expected an int, got %s" % (name, type(x).__name__))
         self.batch, self.kv_heads, self.head_dim, self.capacity = batch, kv_heads, head_dim, capacity
-        self.dtype, self.comm, self.interleave = dtype, comm, interleave
+        device = torch.device(device).type if isinstance(device, (str, torch.device)) else device
+        if device not in ("cpu", "cuda"):
+            raise ValueError("device: %r: expected 'cpu' or 'cuda'" % (device,))
+        self.dtype, self.comm, self.interleave, self.device = dtype, comm, interleave, device
         from . import _ringattn
-        self._ctx = context(comm, "cpu")
+        self._ctx = context(comm, device)
         self._cache = _ringattn.KVCache(self._ctx, batch, kv_heads, head_dim, capacity,
                                         "bfloat16" if dtype == torch.bfloat16 else "float32", interleave)
 
@@ -51,8 +56,8 @@ def _problem(q, k, v, cache, window):
             return name, "{%s}: expected a torch.Tensor, got %s" % (name, type(x).__name__), True
         if x.dtype != cache.dtype:
             return name, "{%s}: dtype %s differs from the cache's %s" % (name, x.dtype, cache.dtype), True
-        if x.device.type != "cpu":
-            return name, "{%s}: on %s; the KV cache runs on the CPU" % (name, x.device), False
+        if x.device.type != cache.device:
+            return name, "{%s}: on %s, but the cache is on %s" % (name, x.device, cache.device), False
         if x.ndim != 4:
             return name, "{%s}: expected 4 dimensions, got shape %s" % (name, tuple(x.shape)), False
         if torch.is_grad_enabled() and x.requires_grad:
@@ -76,8 +81,8 @@ def _problem(q, k, v, cache, window):
 def _outputs(q):
     import torch
     B, L, H, _ = q.shape
-    o = torch.empty(q.shape, dtype=torch.float32)
-    lse = torch.empty((B, H, L), dtype=torch.float32)
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
     return o, lse
 
 
@@ -85,6 +90,9 @@ def _pointers(q, k, v, problem):
     if problem is not None:
         return (0, 0, 0), None
     q, k, v = (x.detach().contiguous() for x in (q, k, v))
+    if q.is_cuda:  # the cache's calls read their inputs complete (and return their results so)
+        import torch
+        torch.cuda.current_stream(q.device).synchronize()
     return (q.data_ptr(), k.data_ptr(), v.data_ptr()), (q, k, v)
 
 

@@ -94,15 +94,11 @@ struct KVCache::Impl {
 
 KVCache::KVCache(Context& ctx, const CacheOptions& o) : impl_(std::make_unique<Impl>(Impl{ctx, o, nullptr})) {
   Session& session = ctx.session();
-  std::optional<ArgumentError> problem;
-  if (session.options().backend != "cpu")
-    problem = ArgumentError("backend", "the KV cache runs on the CPU backend (this context's is {backend} " +
-                                           session.options().backend + ")");
-  DType dtype = DType::f32;
-  if (!problem) {
-    dtype = api::dtype_of(o.dtype);
-    problem = inference::check_cache_shape({o.batch, o.kv_heads, o.head_dim, o.capacity, o.interleave, dtype});
-  }
+  session.backend().use_from_this_thread();
+  const DType dtype = api::dtype_of(o.dtype);
+  std::optional<ArgumentError> problem =
+      inference::check_cache_shape({o.batch, o.kv_heads, o.head_dim, o.capacity, o.interleave, dtype});
+  if (!problem) problem = session.backend().decode_problem(o.head_dim);
   CallAnnouncement mine;
   mine.dtype = int32_t(o.dtype), mine.a = o.batch, mine.b = o.kv_heads, mine.c = o.head_dim, mine.d = o.capacity,
   mine.e = o.interleave;
@@ -134,6 +130,7 @@ std::vector<int64_t> KVCache::prefill_positions(int64_t tokens, const InferenceS
 InferenceStats KVCache::prefill(int64_t heads, const InferenceSpec& spec, int64_t rows, const void* q, const void* k,
                                 const void* v, float* o, float* lse, const std::optional<ArgumentError>& local_error) {
   Session& session = impl_->ctx.session();
+  session.backend().use_from_this_thread();  // this call's thread may not be the last one's
   const CacheOptions& co = impl_->options;
   std::optional<ArgumentError> problem = local_error;
   if (!problem) problem = check_call(co, heads, spec, {});
@@ -172,6 +169,7 @@ InferenceStats KVCache::prefill(int64_t heads, const InferenceSpec& spec, int64_
 InferenceStats KVCache::decode(int64_t heads, int64_t tokens, const InferenceSpec& spec, const void* q, const void* k,
                                const void* v, float* o, float* lse, const std::optional<ArgumentError>& local_error) {
   Session& session = impl_->ctx.session();
+  session.backend().use_from_this_thread();
   const CacheOptions& co = impl_->options;
   std::optional<ArgumentError> problem = local_error;
   if (!problem) problem = check_call(co, heads, spec, {{"q", q}, {"k", k}, {"v", v}, {"o", o}, {"lse", lse}});
@@ -185,7 +183,7 @@ InferenceStats KVCache::decode(int64_t heads, int64_t tokens, const InferenceSpe
   inference::DecodeRequest r;
   r.heads = heads, r.tokens = tokens, r.scale = scale_of(spec, co.head_dim), r.window_left = spec.window_left;
   r.threads = impl_->ctx.options().threads, r.sequences = spec.sequences, r.positions = spec.positions;
-  const inference::DecodeStats st = inference::decode_step(session.world(), *impl_->cache, r, q, k, v, o, lse);
+  const inference::DecodeStats st = inference::decode_step(session, *impl_->cache, r, q, k, v, o, lse);
   return InferenceStats{st.seconds, PrefillMethod::automatic, st.merge.bytes_moved / uint64_t(session.size())};
 }
 

@@ -47,8 +47,12 @@ std::optional<ArgumentError> check_decode(const KVCache& cache, const DecodeRequ
   return std::nullopt;
 }
 
-DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeRequest& r, const void* q,
-                        const void* k, const void* v, float* o, float* lse) {
+comm::Communicator& states_communicator(Session& session) {
+  return session.backend().memory() == comm::MemorySpace::device ? session.transport() : session.world();
+}
+
+DecodeStats decode_step(Session& session, KVCache& cache, const DecodeRequest& r, const void* q, const void* k,
+                        const void* v, float* o, float* lse) {
   if (auto e = check_decode(cache, r)) throw *e;
   Stopwatch total;
   DecodeStats stats;
@@ -56,6 +60,9 @@ DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeR
   const int64_t T = r.tokens, H = r.heads, Hkv = shape.kv_heads, D = shape.head_dim;
   const std::vector<int64_t> seqs = sequences_of(cache, r.sequences);
   const int64_t n = int64_t(seqs.size());
+  AttentionBackend& backend = cache.backend();
+  // The merge's temporaries now, before any transfer of the call.
+  void* scratch = cache.scratch(merge_scratch_bytes(session.size(), n, T, H, D));
   const size_t eb = size_t(dtype_bytes(shape.dtype));
   const size_t q_token = size_t(H * D) * eb, kv_token = size_t(Hkv * D) * eb;
 
@@ -74,8 +81,6 @@ DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeR
   }
 
   const kernels::AttentionDims dims{1, H, Hkv, D, r.scale};
-  kernels::CpuOptions options;
-  options.threads = r.threads;
   Stopwatch compute;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = seqs[size_t(i)];
@@ -86,12 +91,15 @@ DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeR
     const uint64_t bytes = kernels::decode_bytes_read(dims, rows, r.window_left, queries);
     stats.bytes_read += bytes;
     stats.computed = stats.computed || bytes > 0;
-    kernels::decode_forward(dims, queries, rows, r.window_left,
-                            kernels::AttentionState{o + i * T * H * D, lse + i * H * T}, options);
+    backend.decode(dims, queries, rows, cache.backend_positions(s), r.window_left,
+                   kernels::AttentionState{o + i * T * H * D, lse + i * H * T}, cache.workspace(), r.threads);
   }
+  backend.synchronize();
   stats.compute_seconds = compute.seconds();
   Stopwatch merge;
-  stats.merge = merge_across_ranks(world, n, T, H, D, stats.computed, o, lse);
+  stats.merge =
+      merge_across_ranks(session.world(), states_communicator(session), backend, scratch, n, T, H, D, stats.computed,
+                         o, lse);
   stats.merge_seconds = merge.seconds();
   stats.seconds = total.seconds();
   return stats;

@@ -13,6 +13,7 @@
 #include "ringattn/errors.hpp"
 #include "runtime/inference/kv_cache.hpp"
 #include "runtime/inference/rank_merge.hpp"
+#include "runtime/session.hpp"
 
 namespace ringattn::inference {
 
@@ -47,10 +48,15 @@ std::vector<int64_t> sequences_of(const KVCache& cache, const std::vector<int64_
 // range or repeated, a first position that is not the sequence's next, or rows past the capacity.
 std::optional<ArgumentError> check_decode(const KVCache& cache, const DecodeRequest& request);
 
-// q (n, T, H, D), k and v (n, T, Hkv, D) in the cache's dtype, host memory, n = the request's
-// sequences; writes o (n, T, H, D) and lse (n, H, T), fp32, the same on every rank. Throws the
-// check's ArgumentError with the cache unchanged.
-DecodeStats decode_step(comm::Communicator& world, KVCache& cache, const DecodeRequest& request, const void* q,
-                        const void* k, const void* v, float* o, float* lse);
+// q (n, T, H, D), k and v (n, T, Hkv, D) in the cache's dtype, n = the request's sequences;
+// writes o (n, T, H, D) and lse (n, H, T), fp32, the same on every rank, complete on return. All
+// in the session's backend memory (the cache's). The states merge over the session's world (CPU)
+// or its transport (CUDA: NCCL or host-staged MPI). Throws the check's ArgumentError with the
+// cache unchanged.
+DecodeStats decode_step(Session& session, KVCache& cache, const DecodeRequest& request, const void* q, const void* k,
+                        const void* v, float* o, float* lse);
+
+// The communicator the states of a decode or prefill move on: one on the backend's memory.
+comm::Communicator& states_communicator(Session& session);
 
 }  // namespace ringattn::inference

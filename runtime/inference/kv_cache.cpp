@@ -26,9 +26,13 @@ std::optional<ArgumentError> check_cache_shape(const CacheShape& s) {
 KVCache::KVCache(AttentionBackend& backend, int rank, int ranks, const CacheShape& shape)
     : backend_(backend), rank_(rank), ranks_(ranks), shape_(shape) {
   if (auto e = check_cache_shape(shape)) throw *e;
+  if (auto e = backend.decode_problem(shape.head_dim)) throw *e;
   const size_t bytes = size_t(shape.batch * shape.kv_heads * shape.capacity) * row_bytes();
   k_ = DeviceBuffer(backend, bytes);
   v_ = DeviceBuffer(backend, bytes);
+  if (backend.memory() == comm::MemorySpace::device)
+    device_pos_ = DeviceBuffer(backend, size_t(shape.batch * shape.capacity) * sizeof(int64_t));
+  workspace_ = DeviceBuffer(backend, backend.decode_workspace_bytes(shape.head_dim));
   lengths_.assign(size_t(shape.batch), 0);
   positions_.assign(size_t(shape.batch), {});
   counts_.assign(size_t(shape.batch), std::vector<int64_t>(size_t(ranks), 0));
@@ -47,6 +51,25 @@ char* KVCache::row_address(const DeviceBuffer& buffer, int64_t seq, int64_t head
 }
 const void* KVCache::k(int64_t seq) const { return row_address(k_, seq, 0, 0); }
 const void* KVCache::v(int64_t seq) const { return row_address(v_, seq, 0, 0); }
+const int64_t* KVCache::backend_positions(int64_t seq) const {
+  if (!device_pos_.data()) return positions_[size_t(seq)].data();
+  return device_pos_.as<int64_t>() + seq * shape_.capacity;
+}
+
+void KVCache::mirror_positions(int64_t seq, int64_t from) {
+  const std::vector<int64_t>& mine = positions_[size_t(seq)];
+  if (!device_pos_.data() || int64_t(mine.size()) <= from) return;
+  backend_.upload(device_pos_.as<int64_t>() + seq * shape_.capacity + from, mine.data() + from,
+                  (mine.size() - size_t(from)) * sizeof(int64_t));
+}
+
+void* KVCache::scratch(size_t bytes) {
+  if (scratch_.bytes() < bytes) {
+    scratch_ = DeviceBuffer();  // the old one first: at most one is held
+    scratch_ = DeviceBuffer(backend_, bytes);
+  }
+  return scratch_.data();
+}
 
 std::vector<int> KVCache::placement(int64_t seq, int64_t tokens) const {
   std::vector<int64_t> counts = counts_[size_t(seq)];
@@ -101,6 +124,7 @@ void KVCache::append_placed(int64_t seq, int owner, int64_t position, const void
       backend_.copy(row_address(v_, seq, g, j), static_cast<const char*>(v_row) + size_t(g) * rb, rb);
     }
     positions_[size_t(seq)].push_back(position);
+    mirror_positions(seq, j);
   }
   ++counts_[size_t(seq)][size_t(owner)];
   filled_ = true;
@@ -119,6 +143,7 @@ void KVCache::store_rows(int64_t seq, const std::vector<int64_t>& positions, con
   }
   backend_.synchronize();
   mine.insert(mine.end(), positions.begin(), positions.end());
+  mirror_positions(seq, j0);
 }
 
 void KVCache::commit_rows(int64_t seq, const std::vector<int64_t>& rows_per_rank, int64_t new_length) {

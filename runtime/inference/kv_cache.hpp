@@ -12,7 +12,10 @@
 //
 // Storage is head-major per sequence, (batch, Hkv, capacity, D): one head's rows are contiguous,
 // so the decode kernel streams them. Memory is capacity rows per sequence on each rank: sized for
-// the rank's share, not the sequence.
+// the rank's share, not the sequence. The rows live in the backend's memory (the GPU's with the
+// CUDA backend); the positions on the host, and mirrored on the device for its kernel. The
+// decode kernel's workspace is allocated with the cache; the merge's buffers grow to a call's
+// shape before the call's first transfer, and are kept.
 #pragma once
 
 #include <cstdint>
@@ -51,13 +54,20 @@ class KVCache {
   bool filled() const { return filled_; }
   // Rows of sequence `seq` on a rank (default: this one).
   int64_t rows(int64_t seq, int on_rank = -1) const;
-  // This rank's rows of a sequence: global positions (ascending), and K and V head-major (head g's
-  // row j at k(seq) + (g * capacity + j) * D elements), in backend memory.
+  // This rank's rows of a sequence: global positions (ascending; host memory, and their copy in
+  // backend memory), and K and V head-major (head g's row j at k(seq) + (g * capacity + j) * D
+  // elements), in backend memory.
   const std::vector<int64_t>& positions(int64_t seq) const { return positions_[size_t(seq)]; }
+  const int64_t* backend_positions(int64_t seq) const;
   const void* k(int64_t seq) const;
   const void* v(int64_t seq) const;
   size_t row_bytes() const;  // one row of one head: D elements
   size_t bytes() const { return k_.bytes() + v_.bytes(); }
+  AttentionBackend& backend() const { return backend_; }
+  // The decode kernel's workspace (backend memory), and backend memory of at least `bytes` for a
+  // call's temporaries (grown, never shrunk; the same buffer on every call).
+  void* workspace() const { return workspace_.data(); }
+  void* scratch(size_t bytes);
 
   // The ranks that would hold `tokens` tokens appended now to sequence `seq`, in order.
   std::vector<int> placement(int64_t seq, int64_t tokens) const;
@@ -67,11 +77,12 @@ class KVCache {
                                                 const char* argument) const;
 
   // Appends token t of a run placed by placement(): every rank calls it for every token (its
-  // counts advance), only the owner stores k_row and v_row ((Hkv, D) in the cache's dtype, host
-  // or backend memory as the backend takes it: CPU host memory).
+  // counts advance), only the owner stores k_row and v_row ((Hkv, D) in the cache's dtype, in
+  // backend memory).
   void append_placed(int64_t seq, int owner, int64_t position, const void* k_row, const void* v_row);
   // Stores rows a ring prefill (or a fill) left this rank after its others: positions ascending,
-  // after every cached one, k and v (rows, Hkv, D). The table is unchanged until commit_rows.
+  // after every cached one, k and v (rows, Hkv, D) in backend memory. The table is unchanged
+  // until commit_rows.
   void store_rows(int64_t seq, const std::vector<int64_t>& positions, const void* k, const void* v);
   // Every rank's rows stored since the last commit (the same call on every rank), and the length.
   void commit_rows(int64_t seq, const std::vector<int64_t>& rows_per_rank, int64_t new_length);
@@ -83,7 +94,11 @@ class KVCache {
   AttentionBackend& backend_;
   int rank_, ranks_;
   CacheShape shape_;
+  // Copies positions [from, end) of `seq` to the backend's mirror (none on the host).
+  void mirror_positions(int64_t seq, int64_t from);
   DeviceBuffer k_, v_;
+  DeviceBuffer device_pos_;  // (batch, capacity) positions, with a device backend only
+  DeviceBuffer workspace_, scratch_;
   std::vector<int64_t> lengths_;
   std::vector<std::vector<int64_t>> positions_;  // this rank's, per sequence
   std::vector<std::vector<int64_t>> counts_;     // [seq][rank] rows held

@@ -37,29 +37,30 @@ PrefillMethod resolved(const KVCache& cache, const PrefillRequest& r, const std:
 }
 
 // This rank's cached rows of the sequences, row-major (rows, Hkv, D) as the block kernel reads
-// them: all K, then all V, then the positions.
-std::vector<char> pack_share(const KVCache& cache, const std::vector<int64_t>& seqs) {
+// them: all K, then all V, then the positions, in backend memory.
+DeviceBuffer pack_share(const KVCache& cache, const std::vector<int64_t>& seqs) {
   const CacheShape& sh = cache.shape();
-  const size_t rb = cache.row_bytes();
+  AttentionBackend& backend = cache.backend();
+  const size_t rb = cache.row_bytes(), row = size_t(sh.kv_heads) * rb;
   size_t rows = 0;
   for (int64_t s : seqs) rows += size_t(cache.rows(s));
-  std::vector<char> out(rows * (2 * size_t(sh.kv_heads) * rb + sizeof(int64_t)));
-  char* k = out.data();
-  char* v = k + rows * size_t(sh.kv_heads) * rb;
-  char* pos = v + rows * size_t(sh.kv_heads) * rb;
+  DeviceBuffer out(backend, rows * (2 * row + sizeof(int64_t)));
+  char* k = out.as<char>();
+  char* v = k + rows * row;
+  char* pos = v + rows * row;
   for (int64_t s : seqs) {
     const int64_t n = cache.rows(s);
     if (n == 0) continue;  // an empty share: nothing to copy (and no buffer to copy into)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t g = 0; g < sh.kv_heads; ++g) {
-        const size_t from = size_t(g * sh.capacity + j) * rb, to = size_t(j * sh.kv_heads + g) * rb;
-        std::memcpy(k + to, static_cast<const char*>(cache.k(s)) + from, rb);
-        std::memcpy(v + to, static_cast<const char*>(cache.v(s)) + from, rb);
-      }
-    k += size_t(n * sh.kv_heads) * rb, v += size_t(n * sh.kv_heads) * rb;
-    std::memcpy(pos, cache.positions(s).data(), size_t(n) * sizeof(int64_t));
+    for (int64_t g = 0; g < sh.kv_heads; ++g) {  // head g's rows are consecutive in the cache
+      const size_t from = size_t(g * sh.capacity) * rb;
+      backend.copy_2d(k + size_t(g) * rb, row, static_cast<const char*>(cache.k(s)) + from, rb, rb, size_t(n));
+      backend.copy_2d(v + size_t(g) * rb, row, static_cast<const char*>(cache.v(s)) + from, rb, rb, size_t(n));
+    }
+    k += size_t(n) * row, v += size_t(n) * row;
+    backend.upload(pos, cache.positions(s).data(), size_t(n) * sizeof(int64_t));
     pos += size_t(n) * sizeof(int64_t);
   }
+  backend.synchronize();
   return out;
 }
 
@@ -84,20 +85,21 @@ PrefillStats pass_kv(Session& session, KVCache& cache, const PrefillRequest& r, 
   const PassStats ring = plan.attention().forward(q, k, v, o, lse);
   stats.bytes_sent += ring.bytes_sent;
 
-  // The chunk against every rank's cached share, one peer per step.
-  comm::Communicator& world = session.world();
+  // The chunk against every rank's cached share, one peer per step (over the backend's memory).
+  comm::Communicator& world = states_communicator(session);
+  AttentionBackend& backend = session.backend();
   const int P = world.size(), me = world.rank();
-  const std::vector<char> own = pack_share(cache, seqs);
+  const DeviceBuffer own = pack_share(cache, seqs);
   size_t most = 0;
   for (int p = 0; p < P; ++p) most = std::max(most, share_bytes(cache, seqs, p));
-  std::vector<char> in[2] = {std::vector<char>(P > 1 ? most : 0), std::vector<char>(P > 1 ? most : 0)};
+  DeviceBuffer in[2] = {DeviceBuffer(backend, P > 1 ? most : 0), DeviceBuffer(backend, P > 1 ? most : 0)};
   comm::Request recv[2], send[2];
   auto post = [&](int step) {
     if (step >= P) return;
     const int to = (me + step) % P, from = (me - step + P) % P;
     recv[step % 2] = world.irecv(in[step % 2].data(), share_bytes(cache, seqs, from), from, kCacheShareTag);
-    send[step % 2] = world.isend(own.data(), own.size(), to, kCacheShareTag);
-    stats.bytes_sent += own.size();
+    send[step % 2] = world.isend(own.data(), own.bytes(), to, kCacheShareTag);
+    stats.bytes_sent += own.bytes();
   };
   std::vector<std::vector<int64_t>> q_pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -112,25 +114,28 @@ PrefillStats pass_kv(Session& session, KVCache& cache, const PrefillRequest& r, 
   const size_t eb = size_t(dtype_bytes(sh.dtype));
   for (int step = 0; step < P; ++step) {
     const int from = (me - step + P) % P;
-    const char* block = own.data();
+    const char* block = own.as<char>();
     if (step > 0) {
       world.wait(recv[step % 2], "the cached share of rank " + std::to_string(from));
-      block = in[step % 2].data();
+      block = in[step % 2].as<char>();
     }
     post(step + 1);  // the next transfer runs under this step's compute
     size_t total_rows = 0;
     for (int64_t s : seqs) total_rows += size_t(cache.rows(s, from));
     const char* kb = block;
     const char* vb = kb + total_rows * size_t(Hkv * D) * eb;
-    const auto* pb = reinterpret_cast<const int64_t*>(vb + total_rows * size_t(Hkv * D) * eb);
+    // The block kernels take positions from the host.
+    std::vector<int64_t> positions(total_rows);
+    if (total_rows > 0)
+      backend.download(positions.data(), vb + total_rows * size_t(Hkv * D) * eb, total_rows * sizeof(int64_t));
+    const int64_t* pb = positions.data();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t m = cache.rows(seqs[size_t(i)], from);
       if (m > 0 && rows > 0) {
         const kernels::QueryRows qr{static_cast<const char*>(q) + size_t(i * rows * H * D) * eb, sh.dtype, rows,
                                     q_pos[size_t(i)].data()};
         const kernels::KeyValueRows kv{kb, vb, sh.dtype, m, pb};
-        session.backend().forward(dims, qr, kv, view,
-                                  kernels::AttentionState{o + i * rows * H * D, lse + i * H * rows}, {});
+        backend.forward(dims, qr, kv, view, kernels::AttentionState{o + i * rows * H * D, lse + i * H * rows}, {});
       }
       kb += size_t(m * Hkv * D) * eb, vb += size_t(m * Hkv * D) * eb, pb += m;
     }
@@ -157,14 +162,16 @@ DecodeRequest as_decode(const PrefillRequest& r, const std::vector<int64_t>& seq
   return d;
 }
 
-// The whole chunk of (n, rows, width) elements from every rank's rows of the layout.
-std::vector<char> gather_chunk(comm::Communicator& world, const ShardLayout& layout, int64_t n, size_t width,
-                               const void* mine) {
-  const int P = world.size();
+// The whole chunk of (n, rows, width) elements from every rank's rows of the layout (`mine` and
+// the result in backend memory; gathered through the host).
+DeviceBuffer gather_chunk(Session& session, const ShardLayout& layout, int64_t n, size_t width, const void* mine) {
+  AttentionBackend& backend = session.backend();
+  const int P = session.size();
   std::vector<size_t> counts(static_cast<size_t>(P));
   for (int p = 0; p < P; ++p) counts[size_t(p)] = size_t(n * layout.rows(p)) * width;
-  std::vector<char> all(size_t(n * layout.seq_len()) * width), chunk(all.size());
-  world.allgatherv(mine, all.data(), counts);
+  std::vector<char> own(counts[size_t(session.rank())]), all(size_t(n * layout.seq_len()) * width), chunk(all.size());
+  if (!own.empty()) backend.download(own.data(), mine, own.size());
+  session.world().allgatherv(own.data(), all.data(), counts);
   const char* src = all.data();
   for (int p = 0; p < P; ++p) {
     const std::vector<int64_t> pos = layout.positions(p);
@@ -174,7 +181,9 @@ std::vector<char> gather_chunk(comm::Communicator& world, const ShardLayout& lay
         src += width;
       }
   }
-  return chunk;
+  DeviceBuffer out(backend, chunk.size());
+  backend.upload(out.data(), chunk.data(), chunk.size());
+  return out;
 }
 
 }  // namespace
@@ -252,7 +261,7 @@ PrefillStats prefill(Session& session, KVCache& cache, const PrefillRequest& r, 
   if (method == PrefillMethod::pass_kv) {
     stats = pass_kv(session, cache, r, seqs, q, k, v, o, lse);
   } else if (whole_chunk(r, r.method, session.size())) {
-    const DecodeStats d = decode_step(session.world(), cache, as_decode(r, seqs), q, k, v, o, lse);
+    const DecodeStats d = decode_step(session, cache, as_decode(r, seqs), q, k, v, o, lse);
     stats.method = PrefillMethod::pass_q;
     stats.bytes_sent = d.merge.bytes_moved / uint64_t(session.size());
   } else {
@@ -261,20 +270,30 @@ PrefillStats prefill(Session& session, KVCache& cache, const PrefillRequest& r, 
     const int64_t n = int64_t(seqs.size()), H = r.heads, D = sh.head_dim, T = r.tokens;
     const size_t eb = size_t(dtype_bytes(sh.dtype));
     const ShardLayout layout = session.layout(T, chunk_spec(r));
-    const std::vector<char> qa = gather_chunk(session.world(), layout, n, size_t(H * D) * eb, q);
-    const std::vector<char> ka = gather_chunk(session.world(), layout, n, size_t(sh.kv_heads * D) * eb, k);
-    const std::vector<char> va = gather_chunk(session.world(), layout, n, size_t(sh.kv_heads * D) * eb, v);
-    std::vector<float> oa(size_t(n * T * H * D)), la(size_t(n * H * T));
-    const DecodeStats d = decode_step(session.world(), cache, as_decode(r, seqs), qa.data(), ka.data(), va.data(),
-                                      oa.data(), la.data());
+    const DeviceBuffer qa = gather_chunk(session, layout, n, size_t(H * D) * eb, q);
+    const DeviceBuffer ka = gather_chunk(session, layout, n, size_t(sh.kv_heads * D) * eb, k);
+    const DeviceBuffer va = gather_chunk(session, layout, n, size_t(sh.kv_heads * D) * eb, v);
+    AttentionBackend& backend = session.backend();
+    DeviceBuffer oa(backend, size_t(n * T * H * D) * sizeof(float)), la(backend, size_t(n * H * T) * sizeof(float));
+    const DecodeStats d = decode_step(session, cache, as_decode(r, seqs), qa.data(), ka.data(), va.data(),
+                                      oa.as<float>(), la.as<float>());
     const std::vector<int64_t> mine = layout.positions(session.rank());
     const int64_t rows = int64_t(mine.size());
+    std::vector<float> oh(size_t(n * T * H * D)), lh(size_t(n * H * T)), o_rows(size_t(n * rows * H * D)),
+        lse_rows(size_t(n * H * rows));
+    backend.download(oh.data(), oa.data(), oa.bytes());
+    backend.download(lh.data(), la.data(), la.bytes());
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < rows; ++j) {
-        std::memcpy(o + (i * rows + j) * H * D, oa.data() + (i * T + mine[size_t(j)]) * H * D,
+        std::memcpy(o_rows.data() + (i * rows + j) * H * D, oh.data() + (i * T + mine[size_t(j)]) * H * D,
                     size_t(H * D) * sizeof(float));
-        for (int64_t h = 0; h < H; ++h) lse[(i * H + h) * rows + j] = la[size_t((i * H + h) * T + mine[size_t(j)])];
+        for (int64_t h = 0; h < H; ++h)
+          lse_rows[size_t((i * H + h) * rows + j)] = lh[size_t((i * H + h) * T + mine[size_t(j)])];
       }
+    if (rows > 0) {
+      backend.upload(o, o_rows.data(), o_rows.size() * sizeof(float));
+      backend.upload(lse, lse_rows.data(), lse_rows.size() * sizeof(float));
+    }
     stats.method = PrefillMethod::pass_q;
     stats.bytes_sent = d.merge.bytes_moved / uint64_t(session.size());
   }

@@ -1,12 +1,10 @@
-// The merge of partial states across ranks: the choice of collective and the two ways.
+// The merge of partial states across ranks: the choice of collective and the two ways, on the
+// backend's memory (the arithmetic is the backend's: AttentionBackend::merge_states and the
+// all-reduce's halves).
 #include "runtime/inference/rank_merge.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <limits>
 #include <vector>
-
-#include "kernels/cpu/attention_cpu.hpp"
 
 namespace ringattn::inference {
 
@@ -18,12 +16,20 @@ const char* merge_collective_name(MergeCollective c) {
   }
 }
 
-MergeStats merge_across_ranks(comm::Communicator& world, int64_t batch, int64_t rows, int64_t heads,
-                              int64_t head_dim, bool active, float* o, float* lse) {
+size_t merge_scratch_bytes(int ranks, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim) {
+  const size_t state = size_t(batch * rows * heads * (head_dim + 1)) * sizeof(float);
+  // gather: this rank's state and every active rank's; reduce: the max LSE and the sums.
+  return ranks > 1 ? size_t(ranks + 1) * state : 0;
+}
+
+MergeStats merge_across_ranks(comm::Communicator& world, comm::Communicator& states, AttentionBackend& backend,
+                              void* scratch, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, bool active,
+                              float* o, float* lse) {
   const int P = world.size();
   MergeStats stats;
   if (P == 1) {
     stats.active_ranks = active ? 1 : 0;
+    backend.synchronize();
     return stats;
   }
   const size_t o_elems = size_t(batch * rows * heads * head_dim), lse_elems = size_t(batch * heads * rows);
@@ -36,56 +42,44 @@ MergeStats merge_across_ranks(comm::Communicator& world, int64_t batch, int64_t 
   // What each way moves, summed over the ranks' receives.
   const uint64_t gather_bytes = A * uint64_t(P - 1) * state_bytes;
   const uint64_t reduce_bytes = 2 * uint64_t(P - 1) * (state_bytes + lse_elems * sizeof(float));
-  const float inf = std::numeric_limits<float>::infinity();
+  const kernels::AttentionDims dims{batch, heads, heads, head_dim, 1.0f};
+  auto* buffer = static_cast<float*>(scratch);
   if (gather_bytes <= reduce_bytes) {
     stats.collective = MergeCollective::gather;
     stats.bytes_moved = gather_bytes;
     std::vector<size_t> counts(static_cast<size_t>(P));
     for (int r = 0; r < P; ++r) counts[size_t(r)] = flags[size_t(r)] ? state_bytes : 0;
-    std::vector<float> send;
+    float* send = buffer;  // this rank's O, then its LSE
+    float* all = buffer + o_elems + lse_elems;
     if (active) {
-      send.assign(o, o + o_elems);
-      send.insert(send.end(), lse, lse + lse_elems);
+      backend.copy(send, o, o_elems * sizeof(float));
+      backend.copy(send + o_elems, lse, lse_elems * sizeof(float));
     }
-    std::vector<float> all(size_t(A) * (o_elems + lse_elems));
-    world.allgatherv(send.data(), all.data(), counts);
-    std::fill_n(o, o_elems, 0.0f);
-    std::fill_n(lse, lse_elems, -inf);
-    const kernels::AttentionDims dims{batch, heads, heads, head_dim, 1.0f};
-    const float* src = all.data();
+    backend.synchronize();  // a host-staged communicator reads the buffer now
+    states.allgatherv(send, all, counts);
+    backend.fill(o, o_elems, 0.0f);
+    backend.fill(lse, lse_elems, -std::numeric_limits<float>::infinity());
+    const float* src = all;
     for (int r = 0; r < P; ++r) {
       if (!flags[size_t(r)]) continue;
-      kernels::merge_states(dims, rows, kernels::AttentionState{o, lse}, src, src + o_elems);
+      backend.merge_states(dims, rows, kernels::AttentionState{o, lse}, src, src + o_elems);
       src += o_elems + lse_elems;
     }
+    backend.synchronize();
     return stats;
   }
   stats.collective = MergeCollective::reduce;
   stats.bytes_moved = reduce_bytes;
-  std::vector<float> max_lse(lse, lse + lse_elems);
-  world.allreduce(max_lse.data(), lse_elems, DType::f32, comm::ReduceOp::max);
-  // (O w, w) with w = exp(lse - max): 0 for an empty share or a row nobody sees.
-  std::vector<float> sums(o_elems + lse_elems);
-  float* w = sums.data() + o_elems;
-  for (size_t i = 0; i < lse_elems; ++i)
-    w[i] = max_lse[i] == -inf || lse[i] == -inf ? 0.0f : std::exp(lse[i] - max_lse[i]);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t h = 0; h < heads; ++h) {
-        const float wi = w[size_t((b * heads + h) * rows + i)];
-        const size_t base = size_t(((b * rows + i) * heads + h) * head_dim);
-        for (int64_t d = 0; d < head_dim; ++d) sums[base + size_t(d)] = o[base + size_t(d)] * wi;
-      }
-  world.allreduce(sums.data(), sums.size(), DType::f32, comm::ReduceOp::sum);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t h = 0; h < heads; ++h) {
-        const size_t s = size_t((b * heads + h) * rows + i);
-        const size_t base = size_t(((b * rows + i) * heads + h) * head_dim);
-        const float total = w[s];
-        for (int64_t d = 0; d < head_dim; ++d) o[base + size_t(d)] = total > 0 ? sums[base + size_t(d)] / total : 0.0f;
-        lse[s] = total > 0 ? max_lse[s] + std::log(total) : -inf;
-      }
+  float* max_lse = buffer;
+  float* sums = buffer + lse_elems;  // (O w, w) with w = exp(lse - max)
+  backend.copy(max_lse, lse, lse_elems * sizeof(float));
+  backend.synchronize();
+  states.allreduce(max_lse, lse_elems, DType::f32, comm::ReduceOp::max);
+  backend.weigh_states(dims, rows, o, lse, max_lse, sums);
+  backend.synchronize();
+  states.allreduce(sums, o_elems + lse_elems, DType::f32, comm::ReduceOp::sum);
+  backend.finish_weighted_states(dims, rows, sums, max_lse, o, lse);
+  backend.synchronize();
   return stats;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "comm/communicator.hpp"
+#include "runtime/backend.hpp"
 
 namespace ringattn::inference {
 
@@ -25,9 +26,16 @@ struct MergeStats {
   uint64_t bytes_moved = 0;  // summed over ranks (the collective's model: what each rank receives)
 };
 
-// o (batch, rows, heads, head_dim) and lse (batch, heads, rows), fp32 host memory: this rank's
-// partial state in, the merged state out. `active`: this rank's share held any visible row.
-MergeStats merge_across_ranks(comm::Communicator& world, int64_t batch, int64_t rows, int64_t heads,
-                              int64_t head_dim, bool active, float* o, float* lse);
+// Backend memory the merge of these states needs for its temporaries at `ranks` ranks.
+size_t merge_scratch_bytes(int ranks, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim);
+
+// o (batch, rows, heads, head_dim) and lse (batch, heads, rows), fp32 in `backend`'s memory: this
+// rank's partial state in, the merged state out (complete on return). `active`: this rank's share
+// held any visible row. `world` (host memory) agrees on who is active; `states` moves the states
+// (a communicator on the backend's memory: MPI for the CPU, NCCL or host-staged MPI for CUDA);
+// `scratch` holds merge_scratch_bytes in backend memory.
+MergeStats merge_across_ranks(comm::Communicator& world, comm::Communicator& states, AttentionBackend& backend,
+                              void* scratch, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, bool active,
+                              float* o, float* lse);
 
 }  // namespace ringattn::inference

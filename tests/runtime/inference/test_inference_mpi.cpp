@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,11 +30,29 @@ using inference::KVCache;
 using inference::PrefillMethod;
 using inference::PrefillRequest;
 
+// The session on the environment's backend and communicator (RINGATTN_TEST_BACKEND,
+// RINGATTN_TEST_COMM; default cpu and mpi): the CUDA runs are the emulated builds' tests.
 std::unique_ptr<Session> open_session() {
   SessionOptions options;
   options.context.threads = 1;
   options.context.timeout_s = 30.0;
-  return std::make_unique<Session>(MPI_COMM_WORLD, options);
+  if (const char* b = std::getenv("RINGATTN_TEST_BACKEND")) options.context.backend = b;
+  if (const char* c = std::getenv("RINGATTN_TEST_COMM")) options.context.comm = c;
+  auto session = std::make_unique<Session>(MPI_COMM_WORLD, options);
+  EXPECT_EQ(std::string(session->backend().name()), options.context.backend);  // the kernels run there
+  return session;
+}
+
+// Host bytes in the backend's memory (the calls take pointers there), and floats back.
+DeviceBuffer on_backend(AttentionBackend& backend, const void* host, size_t bytes) {
+  DeviceBuffer b(backend, bytes);
+  if (bytes) backend.upload(b.data(), host, bytes);
+  return b;
+}
+std::vector<float> to_host(AttentionBackend& backend, const DeviceBuffer& b) {
+  std::vector<float> out(b.bytes() / sizeof(float));
+  if (!out.empty()) backend.download(out.data(), b.data(), b.bytes());
+  return out;
 }
 
 // Every token's q, k, v, the same on every rank (the test's oracle needs them; the ranks pass
@@ -56,6 +75,8 @@ struct Packed {
   std::vector<float> f32;
   std::vector<bf16_bits> b16;
   const void* data(DType t) const { return t == DType::bf16 ? static_cast<const void*>(b16.data()) : f32.data(); }
+  size_t bytes(DType t) const { return f32.size() * size_t(dtype_bytes(t)); }
+  DeviceBuffer on(AttentionBackend& backend, DType t) const { return on_backend(backend, data(t), bytes(t)); }
 };
 Packed pack(const std::vector<std::vector<float>>& rows, DType dtype) {
   Packed p;
@@ -67,7 +88,8 @@ Packed pack(const std::vector<std::vector<float>>& rows, DType dtype) {
 // Checks o (rows, H, D) and lse (H, rows) of sequence `seq`'s queries at q_pos against fp64
 // attention over keys 0..max(q_pos), causal with the window.
 void expect_exact(const Tokens& t, int64_t seq, const std::vector<int64_t>& q_pos, const float* o, const float* lse,
-                  int64_t window_left, const std::string& what) {
+                  int64_t window_left, const std::string& what,
+                  kernels::SamePrecision precision = kernels::SamePrecision::fp32()) {
   const int64_t n = int64_t(q_pos.size()), keys = *std::max_element(q_pos.begin(), q_pos.end()) + 1;
   std::vector<float> q, k, v;
   for (int64_t p : q_pos) {
@@ -90,7 +112,7 @@ void expect_exact(const Tokens& t, int64_t seq, const std::vector<int64_t>& q_po
   kernels::reference_forward(dims, q.data(), q_pos.data(), n, k.data(), v.data(), k_pos.data(), keys, mask.view(),
                              ro.data(), rl.data());
   kernels::naive_forward_fp32(dims, q.data(), q_pos.data(), n, k.data(), v.data(), k_pos.data(), keys, mask.view(),
-                              so.data(), sl.data());
+                              so.data(), sl.data(), precision);
   kernels::TensorError eo, el;
   for (size_t i = 0; i < ro.size(); ++i) eo.add(o[i], so[i], ro[i]);
   for (size_t i = 0; i < rl.size(); ++i) el.add(lse[i], sl[i], rl[i]);
@@ -137,18 +159,29 @@ TEST_P(Inference, MatchesFp64OverTheWholeSequence) {
         pos.push_back(begin + p);
         q.push_back(t.q(s, begin + p)), k.push_back(t.k(s, begin + p)), v.push_back(t.v(s, begin + p));
       }
-      const Packed qp = pack(q, sc.dtype), kp = pack(k, sc.dtype), vp = pack(v, sc.dtype);
-      std::vector<float> o(pos.size() * size_t(sc.H * sc.D)), lse(pos.size() * size_t(sc.H));
-      const auto stats = inference::prefill(*session, cache, r, qp.data(sc.dtype), kp.data(sc.dtype),
-                                            vp.data(sc.dtype), o.data(), lse.data());
+      AttentionBackend& backend = session->backend();
+      const DeviceBuffer qp = pack(q, sc.dtype).on(backend, sc.dtype), kp = pack(k, sc.dtype).on(backend, sc.dtype),
+                         vp = pack(v, sc.dtype).on(backend, sc.dtype);
+      DeviceBuffer od(backend, pos.size() * size_t(sc.H * sc.D) * sizeof(float)),
+          ld(backend, pos.size() * size_t(sc.H) * sizeof(float));
+      const auto stats =
+          inference::prefill(*session, cache, r, qp.data(), kp.data(), vp.data(), od.as<float>(), ld.as<float>());
+      const std::vector<float> o = to_host(backend, od), lse = to_host(backend, ld);
       if (r.method != PrefillMethod::automatic) {
         EXPECT_EQ(stats.method, r.method);
       }
-      // lse is (H, rows): the oracle's layout for one sequence.
+      // lse is (H, rows): the oracle's layout for one sequence. pass-KV runs the backend's block
+      // kernels (on CUDA, bf16 tensor cores round P to bf16): judged with their rounding; pass-Q
+      // runs the decode kernel, fp32 throughout.
+      const kernels::SamePrecision precision =
+          stats.method == PrefillMethod::pass_kv
+              ? backend.same_precision(kernels::AttentionDims{1, sc.H, sc.Hkv, sc.D, scale}, sc.dtype)
+              : kernels::SamePrecision::fp32();
       if (!pos.empty())
         expect_exact(t, s, pos, o.data(), lse.data(), sc.window_left,
                      std::string("prefill chunk ") + std::to_string(chunk) + " of sequence " + std::to_string(s) +
-                         " by " + inference::prefill_method_name(stats.method));
+                         " by " + inference::prefill_method_name(stats.method),
+                     precision);
       EXPECT_EQ(cache.length(s), end);
     }
   }
@@ -162,11 +195,14 @@ TEST_P(Inference, MatchesFp64OverTheWholeSequence) {
         const int64_t p = cache.length(s) + i;
         q.push_back(t.q(s, p)), k.push_back(t.k(s, p)), v.push_back(t.v(s, p));
       }
-    const Packed qp = pack(q, sc.dtype), kp = pack(k, sc.dtype), vp = pack(v, sc.dtype);
-    std::vector<float> o(size_t(B * sc.tokens * sc.H * sc.D)), lse(size_t(B * sc.H * sc.tokens));
+    AttentionBackend& backend = session->backend();
+    const DeviceBuffer qp = pack(q, sc.dtype).on(backend, sc.dtype), kp = pack(k, sc.dtype).on(backend, sc.dtype),
+                       vp = pack(v, sc.dtype).on(backend, sc.dtype);
+    DeviceBuffer od(backend, size_t(B * sc.tokens * sc.H * sc.D) * sizeof(float)),
+        ld(backend, size_t(B * sc.H * sc.tokens) * sizeof(float));
     std::vector<int64_t> before = cache.lengths();
-    inference::decode_step(session->world(), cache, r, qp.data(sc.dtype), kp.data(sc.dtype), vp.data(sc.dtype),
-                           o.data(), lse.data());
+    inference::decode_step(*session, cache, r, qp.data(), kp.data(), vp.data(), od.as<float>(), ld.as<float>());
+    const std::vector<float> o = to_host(backend, od), lse = to_host(backend, ld);
     for (int64_t s = 0; s < B; ++s) {
       std::vector<int64_t> pos;
       for (int64_t i = 0; i < sc.tokens; ++i) pos.push_back(before[size_t(s)] + i);
@@ -204,10 +240,14 @@ TEST(InferenceErrors, NameTheArgumentAndLeaveTheCacheUnchanged) {
   const int P = session->size();
   const int64_t H = 4, Hkv = 2, D = 16;
   KVCache cache(session->backend(), session->rank(), P, CacheShape{2, Hkv, D, 3, 1, DType::f32});
-  std::vector<float> q(size_t(2 * H * D), 0.5f), kv(size_t(2 * Hkv * D), 0.25f), o(q.size()), lse(size_t(2 * H));
+  const std::vector<float> qh(size_t(2 * H * D), 0.5f), kvh(size_t(2 * Hkv * D), 0.25f);
+  AttentionBackend& backend = session->backend();
+  DeviceBuffer q = on_backend(backend, qh.data(), qh.size() * sizeof(float)),
+               kv = on_backend(backend, kvh.data(), kvh.size() * sizeof(float)),
+               o(backend, qh.size() * sizeof(float)), lse(backend, size_t(2 * H) * sizeof(float));
   auto decode = [&](DecodeRequest r) {
     r.heads = H;
-    inference::decode_step(session->world(), cache, r, q.data(), kv.data(), kv.data(), o.data(), lse.data());
+    inference::decode_step(*session, cache, r, q.data(), kv.data(), kv.data(), o.as<float>(), lse.as<float>());
   };
   auto expect_error = [&](const char* argument, const DecodeRequest& r) {
     const std::vector<int64_t> before = cache.lengths();
@@ -225,7 +265,7 @@ TEST(InferenceErrors, NameTheArgumentAndLeaveTheCacheUnchanged) {
   // Fill it: one token per sequence by pass-Q.
   PrefillRequest p;
   p.heads = H, p.tokens = 1, p.method = PrefillMethod::pass_q;
-  inference::prefill(*session, cache, p, q.data(), kv.data(), kv.data(), o.data(), lse.data());
+  inference::prefill(*session, cache, p, q.data(), kv.data(), kv.data(), o.as<float>(), lse.as<float>());
   DecodeRequest r;
   r.sequences = {2};
   expect_error("sequences", r);
