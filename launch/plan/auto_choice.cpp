@@ -96,8 +96,9 @@ std::string describe(const AutoCandidate& c) {
 
 void print_auto_choice(std::FILE* out, const AutoChoice& choice, const ClusterSpec& c, const std::string& source,
                        bool backward) {
-  std::fprintf(out, "  auto      the model's machine (%s): %.3g GFLOP/s forward, %.3g backward per rank; %d ranks per node",
-               source.c_str(), c.forward_gflops, c.backward_gflops, c.ranks_per_node);
+  std::fprintf(out, "  auto      the model's machine (%s): %.3g GFLOP/s forward", source.c_str(), c.forward_gflops);
+  if (backward) std::fprintf(out, ", %.3g backward", c.backward_gflops);  // a forward job measures none
+  std::fprintf(out, " per rank; %d ranks per node", c.ranks_per_node);
   auto link = [&](const char* what, const LinkSpec& l) {
     if (l.gbps > 0) std::fprintf(out, "; %s %.3g GB/s, %.0f us", what, l.gbps, l.latency_us);
     else std::fprintf(out, "; %s unlimited", what);
