@@ -52,12 +52,16 @@ AutoSettings resolve_auto_options(const AutoOptions& o, const po::variables_map&
 
 namespace {
 
-AttentionSpec candidate_spec(const AttentionSpec& job, const AutoCandidate& c) {
+AttentionSpec candidate_spec(const AttentionSpec& job, LayoutKind layout, Schedule schedule, int ulysses) {
   AttentionSpec s = job;
-  s.layout = layout_spec(layout_name(c.layout));  // the command line's one mapping to the spec
-  s.schedule = schedule_spec(schedule_name(c.schedule));
-  s.ulysses = c.ulysses;
+  s.layout = layout_spec(layout_name(layout));  // the command line's one mapping to the spec
+  s.schedule = schedule_spec(schedule_name(schedule));
+  s.ulysses = ulysses;
   return s;
+}
+
+AttentionSpec candidate_spec(const AttentionSpec& job, const AutoCandidate& c) {
+  return candidate_spec(job, c.layout, c.schedule, c.ulysses);
 }
 
 // The trials: rounds of one pass per close candidate while `budget_s` lasts, timing the job's
@@ -141,9 +145,7 @@ AutoConfigured configure_automatically(Session& session, const AutoJob& job, con
   w.backward = job.backward;
   const Mask mask = api::build_mask(job.spec, job.seq_len);
   const AutoAllowed runnable = [&](LayoutKind layout, Schedule schedule, int ulysses) {
-    AutoCandidate c;
-    c.layout = layout, c.schedule = schedule, c.ulysses = ulysses;
-    return !api::check_call(job.shard, candidate_spec(job.spec, c), job.seq_len, P);
+    return !api::check_call(job.shard, candidate_spec(job.spec, layout, schedule, ulysses), job.seq_len, P);
   };
   AutoChoice choice = choose_configuration(machine, w, mask.view(), P, settings.fixed, job.spec.mask.causal, runnable);
   // Every rank predicted from the same (reduced or read) machine; the trials' list is rank 0's all the same.
