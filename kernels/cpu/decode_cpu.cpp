@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/dispatch.hpp"
 #include "kernels/cpu/packing.hpp"
 #include "kernels/cpu/tile_args.hpp"
+#include "kernels/mask/mask.hpp"
 
 namespace ringattn::kernels {
 
@@ -25,6 +27,38 @@ constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kNoKeyMax = -3.402823466e38f;
 
 int thread_count(const CpuOptions& options) { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
+
+// Many new tokens (a prefill chunk through pass-Q): each KV head's group runs through the forward
+// kernel, whose query tiles reuse every cached K/V block across a tile's rows from cache, against
+// its contiguous cached rows (a head-major cache is (rows, 1 head, D) to it). Q and O of the group
+// are copied into (tokens, G, D) and back; LSE (H, tokens) is already per head.
+void decode_through_forward(const AttentionDims& dims, const DecodeQueries& q, const CachedKeyValues& kv,
+                            const VisibleRows& visible, int64_t window_left, const AttentionState& state,
+                            const CpuOptions& options) {
+  const int64_t H = dims.heads, Hkv = dims.kv_heads, G = H / Hkv, D = dims.head_dim, T = q.tokens;
+  const size_t qb = size_t(dtype_bytes(q.dtype)), kb = size_t(dtype_bytes(kv.dtype)), group = size_t(G * D);
+  Mask mask;
+  mask.causal = true;
+  mask.window_left = window_left;
+  const MaskView view = mask.view();
+  const AttentionDims per_head{1, G, 1, D, dims.scale};
+  std::vector<char> qg(size_t(T) * group * qb);
+  std::vector<float> og(size_t(T) * group);
+  for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(qg.data() + size_t(t) * group * qb,
+                  static_cast<const char*>(q.q) + (size_t(t * H) * size_t(D) + size_t(g) * group) * qb, group * qb);
+    std::fill(og.begin(), og.end(), 0.0f);  // an empty state: O = 0 (LSE is -inf already)
+    const size_t first = size_t(g * kv.head_stride + visible.first) * size_t(D) * kb;
+    const KeyValueRows rows{static_cast<const char*>(kv.k) + first, static_cast<const char*>(kv.v) + first, kv.dtype,
+                            visible.last - visible.first, kv.pos + visible.first};
+    attention_forward(per_head, QueryRows{qg.data(), q.dtype, T, q.pos}, rows, view,
+                      AttentionState{og.data(), state.lse + g * G * T}, options);
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(state.o + size_t(t * H) * size_t(D) + size_t(g) * group, og.data() + size_t(t) * group,
+                  group * sizeof(float));
+  }
+}
 
 }  // namespace
 
@@ -53,6 +87,7 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
   std::fill_n(state.lse, H * T, -std::numeric_limits<float>::infinity());
   const VisibleRows visible = decode_visible_rows(q, kv, window_left);
   if (visible.empty()) return;
+  if (T >= kDecodeForwardTokens) return decode_through_forward(dims, q, kv, visible, window_left, state, options);
 
   // Row r of head g's tile is token r / G of query head g * G + r % G, scaled into log2 units.
   const int64_t rows_per_head = G * T;
@@ -91,7 +126,7 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
   const size_t element_bytes = static_cast<size_t>(dtype_bytes(kv.dtype));
   const int threads = static_cast<int>(std::min<int64_t>(thread_count(options), items));
   const int64_t scratch_floats = cpu::decode_scratch_floats(static_cast<int>(D));
-  std::vector<float> scratch(static_cast<size_t>(threads * scratch_floats));
+  std::unique_ptr<float[]> scratch(new float[size_t(threads * scratch_floats)]);  // not zero-filled: written before read
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t item = 0; item < items; ++item) {
@@ -117,7 +152,7 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
                            acc,
                            m,
                            l,
-                           scratch.data() + omp_get_thread_num() * scratch_floats,
+                           scratch.get() + omp_get_thread_num() * scratch_floats,
                            q_pairs.empty() ? nullptr : q_pairs.data() + (g * rows_per_head + r0) * (D / 2),
                            qscale};
     tk.decode_block(a);

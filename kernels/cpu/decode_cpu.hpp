@@ -5,7 +5,9 @@
 // decode reads every cached row once per step: it is bound by memory bandwidth, not FLOPs. So the
 // H / Hkv query heads of a group (times the new tokens) are the rows of one tile, and each head's
 // rows are split into chunks of kDecodeChunkRows that the threads take as they come; the chunks'
-// partial states are merged in chunk order, so results do not depend on the thread count.
+// partial states are merged in chunk order, so results do not depend on the thread count. A call
+// with kDecodeForwardTokens new tokens or more (a prefill chunk through pass-Q) fills whole query
+// tiles, and runs each KV head's group through attention_forward instead.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,9 @@
 namespace ringattn::kernels {
 
 inline constexpr int64_t kDecodeChunkRows = cpu::kDecodeChunkRows;
+// From this many new tokens per call (a prefill chunk through pass-Q) the forward kernel's query
+// tiles serve them better than the decode kernel's packed rows (measured: docs/inference.md).
+inline constexpr int64_t kDecodeForwardTokens = 32;
 
 // The new tokens of one sequence: q (tokens, H, D), their global positions ascending.
 struct DecodeQueries {

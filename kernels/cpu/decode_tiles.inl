@@ -5,50 +5,121 @@
 // Decode is memory-bound: each cached K/V row is read once per step and meets only the few query
 // rows of its head's group (H / Hkv heads times the new tokens). One call takes a run of at most
 // kDecodeChunkRows of one head's rows in two streaming passes, the rows' scores kept in L2 between:
-// - pass 1 streams K in blocks of kDecodeKeyBlock that every query row reuses from L1: W keys at
-//   a time as W per-key accumulators over the head dim, reduced together by sum_lanes into one
-//   vector of scores (lane j: key j);
+// - pass 1 streams K in blocks of kDecodeKeyBlock: the scores of 4 rows x 4 keys at a time, each
+//   K vector loaded once for the 4 rows and each Q vector once for the 4 keys (the loads had been
+//   the bound: 2.0x faster on Zen 4, bf16); per W keys the accumulators are reduced together by
+//   sum_lanes into one vector of scores per row (lane j: key j);
 // - the softmax of each row over the whole run, on whole vectors: its max is known before any
 //   exp2, so nothing is rescaled (no per-block max, no running-max bookkeeping);
 // - pass 2 streams V: O += P V with the rows' accumulators in registers, each V vector loaded
-//   (and widened) once per group of rows, each block's products summed from zero and then added
-//   to the running sum (docs/kernels.md "Long sums").
-// One stream at a time, read in address order: what the hardware prefetcher follows best.
+//   (and widened; bf16 split into even and odd elements, no shuffle) once per group of rows, each
+//   block's products summed from zero and then added to the running sum (docs/kernels.md "Long
+//   sums").
+// One stream at a time, read in address order, each load prefetching the line kDecodeAhead blocks
+// on (see decode_prefetch).
 
 namespace {
 
 constexpr int kDecodeW = Isa::W;
 constexpr int kDecodeKB = kDecodeKeyBlock;
-constexpr int kDecodeSV = kDecodeKB / kDecodeW;  // score vectors per row and block
+constexpr int kDecodeSV = kDecodeKB / kDecodeW;
+// Blocks between a load and the line it prefetches: 1-2 read fastest here (Zen 4, one core, 1M
+// cached keys: bf16 21 and 20 GB/s at 1 and 2, 18 at 4, 15 at 6; fp32 20, 22, 20, 19).
+constexpr int kDecodeAhead = 2;  // score vectors per row and block
 static_assert(kDecodeKB % kDecodeW == 0, "a key block is whole vectors of scores");
 // The max of a row that sees no key: finite, so that s - max is never -inf - -inf (and p = 0).
 constexpr float kDecodeNoKey = -3.402823466e38f;
 
-// Lane j: the (scaled) query row q against key row k + j D, for the W key rows from k.
-inline Isa::V decode_scores(const float* q, const float* k, int D) {
-  Isa::V acc[kDecodeW];
-  for (int j = 0; j < kDecodeW; ++j) acc[j] = Isa::zero();
-  for (int d = 0; d < D; d += kDecodeW) {
-    const Isa::V qv = Isa::load(q + d);
-    for (int j = 0; j < kDecodeW; ++j) acc[j] = Isa::fmadd(qv, Isa::load(k + j * D + d), acc[j]);
-  }
-  return Isa::sum_lanes(acc);
+// The hardware prefetcher alone runs too little ahead of a stream read with this much arithmetic
+// per line (measured: 12-13 GB/s from DRAM, where a bare read loop gets 34): each vector load of
+// both passes also prefetches the line kDecodeAhead blocks on (prefetches never fault, so none is
+// needed past the run's end).
+inline void decode_prefetch(const void* p, std::ptrdiff_t ahead) {
+#if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
+  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
+#else
+  (void)p, (void)ahead;
+#endif
 }
 
-// The same from bf16 pairs on the bf16 dot product (exact products, fp32 sums), unscaled.
-inline Isa::V decode_scores_pairs(const uint32_t* q, const bf16_bits* k, int D) {
-  Isa::V acc[kDecodeW];
-  for (int j = 0; j < kDecodeW; ++j) acc[j] = Isa::zero();
+// Keys per step of the score micro-kernel: RR query rows x kDecodeKK keys of accumulators.
+constexpr int kDecodeKK = kDecodeW >= 4 ? 4 : kDecodeW;
+
+// acc[r][j] = query row r . key row j over the head dim, for RR rows (q_stride elements apart)
+// and kDecodeKK keys (D apart): each K vector is loaded once for the RR rows and each Q vector
+// once for the keys, so the loads per product fall from one K and one Q each to (RR + KK) / (RR KK).
+// PAIRS: bf16 Q and K as pairs on the bf16 dot product (exact products, fp32 sums), unscaled.
+template <int RR, bool PAIRS>
+inline void decode_score_tile(const void* q, int64_t q_stride, const void* k, int D, std::ptrdiff_t ahead,
+                              Isa::V (&acc)[RR][kDecodeKK]) {
+  for (int r = 0; r < RR; ++r)
+    for (int j = 0; j < kDecodeKK; ++j) acc[r][j] = Isa::zero();
+  if constexpr (PAIRS) {
 #if defined(RINGATTN_BF16_DOT)
-  const auto* kp = reinterpret_cast<const uint32_t*>(k);
-  for (int c = 0; c < D / 2; c += kDecodeW) {
-    const Isa::Pairs qv = Isa::load_pairs(q + c);
-    for (int j = 0; j < kDecodeW; ++j) acc[j] = Isa::dot_pairs(acc[j], qv, Isa::load_pairs(kp + j * (D / 2) + c));
-  }
+    const auto* qp = static_cast<const uint32_t*>(q);
+    const auto* kp = static_cast<const uint32_t*>(k);
+    const int n = D / 2;
+    for (int c = 0; c < n; c += kDecodeW) {
+      Isa::Pairs kv[kDecodeKK];
+      for (int j = 0; j < kDecodeKK; ++j) decode_prefetch(kp + j * n + c, ahead), kv[j] = Isa::load_pairs(kp + j * n + c);
+      for (int r = 0; r < RR; ++r) {
+        const Isa::Pairs qv = Isa::load_pairs(qp + r * q_stride + c);
+        for (int j = 0; j < kDecodeKK; ++j) acc[r][j] = Isa::dot_pairs(acc[r][j], qv, kv[j]);
+      }
+    }
 #else
-  (void)q, (void)k, (void)D;
+    (void)q, (void)q_stride, (void)k, (void)D, (void)ahead;
 #endif
-  return Isa::sum_lanes(acc);
+  } else {
+    const auto* qf = static_cast<const float*>(q);
+    const auto* kf = static_cast<const float*>(k);
+    for (int d = 0; d < D; d += kDecodeW) {
+      Isa::V kv[kDecodeKK];
+      for (int j = 0; j < kDecodeKK; ++j) decode_prefetch(kf + j * D + d, ahead), kv[j] = Isa::load(kf + j * D + d);
+      for (int r = 0; r < RR; ++r) {
+        const Isa::V qv = Isa::load(qf + r * q_stride + d);
+        for (int j = 0; j < kDecodeKK; ++j) acc[r][j] = Isa::fmadd(qv, kv[j], acc[r][j]);
+      }
+    }
+  }
+}
+
+// The scores of RR rows against one key block, s[r * ps + j] (j < kDecodeKB): per W keys, the
+// tiles' accumulators are reduced together by sum_lanes into one vector per row (lane j: key j).
+template <int RR, bool PAIRS>
+inline void decode_scores_rows(const void* q, int64_t q_stride, const void* k, int D, Isa::V scale, float* s,
+                               int64_t ps, std::ptrdiff_t ahead) {
+  const size_t key_bytes = size_t(D) * (PAIRS ? sizeof(bf16_bits) : sizeof(float));
+  for (int g = 0; g < kDecodeSV; ++g) {
+    Isa::V lanes[RR][kDecodeW];
+    for (int k0 = 0; k0 < kDecodeW; k0 += kDecodeKK) {
+      Isa::V acc[RR][kDecodeKK];
+      decode_score_tile<RR, PAIRS>(q, q_stride, static_cast<const char*>(k) + size_t(g * kDecodeW + k0) * key_bytes, D,
+                                   ahead, acc);
+      for (int r = 0; r < RR; ++r)
+        for (int j = 0; j < kDecodeKK; ++j) lanes[r][k0 + j] = acc[r][j];
+    }
+    for (int r = 0; r < RR; ++r) {
+      const Isa::V sc = Isa::sum_lanes(lanes[r]);
+      Isa::store(s + r * ps + g * kDecodeW, PAIRS ? Isa::mul(sc, scale) : sc);
+    }
+  }
+}
+
+// Every row's scores against one key block, in groups of 4 rows.
+template <bool PAIRS>
+void decode_scores_all(const void* q, int64_t q_stride, const void* k, int D, int nq, Isa::V scale, float* s,
+                       int64_t ps, std::ptrdiff_t ahead) {
+  const size_t row_bytes = size_t(q_stride) * (PAIRS ? sizeof(uint32_t) : sizeof(float));
+  auto at = [&](int r) { return static_cast<const char*>(q) + size_t(r) * row_bytes; };
+  int r = 0;
+  for (; r + 4 <= nq; r += 4) decode_scores_rows<4, PAIRS>(at(r), q_stride, k, D, scale, s + r * ps, ps, ahead);
+  switch (nq - r) {
+    case 3: decode_scores_rows<3, PAIRS>(at(r), q_stride, k, D, scale, s + r * ps, ps, ahead); break;
+    case 2: decode_scores_rows<2, PAIRS>(at(r), q_stride, k, D, scale, s + r * ps, ps, ahead); break;
+    case 1: decode_scores_rows<1, PAIRS>(at(r), q_stride, k, D, scale, s + r * ps, ps, ahead); break;
+    default: break;
+  }
 }
 
 template <bool BF16>
@@ -61,7 +132,7 @@ inline Isa::V decode_load_v(const void* v, int64_t at) {
 // d0: the block's sum_j p[i][j] V[j] from zero, added to acc[i]. Each V vector is loaded (and
 // widened) once for the RR rows.
 template <int RR, int DV, bool BF16>
-inline void decode_accumulate(float* acc, int D, int d0, const float* p, int64_t ps, const void* vb) {
+inline void decode_accumulate(float* acc, int D, int d0, const float* p, int64_t ps, const void* vb, std::ptrdiff_t ahead) {
   Isa::V a[RR][DV];
   for (int i = 0; i < RR; ++i)
     for (int c = 0; c < DV; ++c) a[i][c] = Isa::zero();
@@ -69,6 +140,7 @@ inline void decode_accumulate(float* acc, int D, int d0, const float* p, int64_t
     Isa::V pb[RR];
     for (int i = 0; i < RR; ++i) pb[i] = Isa::set1(p[i * ps + j]);
     for (int c = 0; c < DV; ++c) {
+      if (!BF16 || c % 2 == 0) decode_prefetch(static_cast<const char*>(vb) + (int64_t(j) * D + d0 + c * kDecodeW) * (BF16 ? 2 : 4), ahead);
       const Isa::V vv = decode_load_v<BF16>(vb, int64_t(j) * D + d0 + c * kDecodeW);
       for (int i = 0; i < RR; ++i) a[i][c] = Isa::fmadd(pb[i], vv, a[i][c]);
     }
@@ -80,28 +152,70 @@ inline void decode_accumulate(float* acc, int D, int d0, const float* p, int64_t
     }
 }
 
+// The same for bf16 V in NP loads of 2W values per key: each load split into its even and odd
+// elements by a shift and a mask (Isa::load_bf16_split), where widening W values takes a
+// cross-lane shuffle; the block's sums are put back in element order once, at the store. The
+// products and their order are the same as decode_accumulate's, so are the results.
+template <int RR, int NP>
+inline void decode_accumulate_split(float* acc, int D, int d0, const float* p, int64_t ps, const bf16_bits* vb,
+                                    std::ptrdiff_t ahead) {
+  Isa::V a[RR][2 * NP];
+  for (int i = 0; i < RR; ++i)
+    for (int c = 0; c < 2 * NP; ++c) a[i][c] = Isa::zero();
+  for (int j = 0; j < kDecodeKB; ++j) {
+    Isa::V pb[RR];
+    for (int i = 0; i < RR; ++i) pb[i] = Isa::set1(p[i * ps + j]);
+    for (int c = 0; c < NP; ++c) {
+      decode_prefetch(vb + int64_t(j) * D + d0 + c * 2 * kDecodeW, ahead);
+      Isa::V even, odd;
+      Isa::load_bf16_split(vb + int64_t(j) * D + d0 + c * 2 * kDecodeW, even, odd);
+      for (int i = 0; i < RR; ++i) {
+        a[i][2 * c] = Isa::fmadd(pb[i], even, a[i][2 * c]);
+        a[i][2 * c + 1] = Isa::fmadd(pb[i], odd, a[i][2 * c + 1]);
+      }
+    }
+  }
+  for (int i = 0; i < RR; ++i)
+    for (int c = 0; c < NP; ++c) {
+      Isa::V lo, hi;
+      Isa::interleave(a[i][2 * c], a[i][2 * c + 1], lo, hi);
+      float* out = acc + i * D + d0 + c * 2 * kDecodeW;
+      Isa::store(out, Isa::add(Isa::load(out), lo));
+      Isa::store(out + kDecodeW, Isa::add(Isa::load(out + kDecodeW), hi));
+    }
+}
+
 // Rows per register group of O += P V, and head-dim vectors per pass (RR x DV accumulators).
 constexpr int kDecodeRows = 4;
 constexpr int kDecodeVecs = kDecodeW == 8 ? 2 : 4;
 
 template <int RR, bool BF16>
-inline void decode_accumulate_rows(float* acc, int D, const float* p, int64_t ps, const void* vb) {
+inline void decode_accumulate_rows(float* acc, int D, const float* p, int64_t ps, const void* vb, std::ptrdiff_t ahead) {
   const int vecs = D / kDecodeW;
   int c = 0;
+  if constexpr (BF16 && kDecodeW >= 8) {
+    if (D % (2 * kDecodeW) == 0) {
+      const auto* v16 = static_cast<const bf16_bits*>(vb);
+      for (; c + kDecodeVecs <= vecs; c += kDecodeVecs)
+        decode_accumulate_split<RR, kDecodeVecs / 2>(acc, D, c * kDecodeW, p, ps, v16, ahead);
+      for (; c < vecs; c += 2) decode_accumulate_split<RR, 1>(acc, D, c * kDecodeW, p, ps, v16, ahead);
+      return;
+    }
+  }
   for (; c + kDecodeVecs <= vecs; c += kDecodeVecs)
-    decode_accumulate<RR, kDecodeVecs, BF16>(acc, D, c * kDecodeW, p, ps, vb);
-  for (; c < vecs; ++c) decode_accumulate<RR, 1, BF16>(acc, D, c * kDecodeW, p, ps, vb);
+    decode_accumulate<RR, kDecodeVecs, BF16>(acc, D, c * kDecodeW, p, ps, vb, ahead);
+  for (; c < vecs; ++c) decode_accumulate<RR, 1, BF16>(acc, D, c * kDecodeW, p, ps, vb, ahead);
 }
 
 template <bool BF16>
-void decode_accumulate_all(float* acc, int D, int nq, const float* p, int64_t ps, const void* vb) {
+void decode_accumulate_all(float* acc, int D, int nq, const float* p, int64_t ps, const void* vb, std::ptrdiff_t ahead) {
   int r = 0;
   for (; r + kDecodeRows <= nq; r += kDecodeRows)
-    decode_accumulate_rows<kDecodeRows, BF16>(acc + r * D, D, p + r * ps, ps, vb);
+    decode_accumulate_rows<kDecodeRows, BF16>(acc + r * D, D, p + r * ps, ps, vb, ahead);
   switch (nq - r) {
-    case 3: decode_accumulate_rows<3, BF16>(acc + r * D, D, p + r * ps, ps, vb); break;
-    case 2: decode_accumulate_rows<2, BF16>(acc + r * D, D, p + r * ps, ps, vb); break;
-    case 1: decode_accumulate_rows<1, BF16>(acc + r * D, D, p + r * ps, ps, vb); break;
+    case 3: decode_accumulate_rows<3, BF16>(acc + r * D, D, p + r * ps, ps, vb, ahead); break;
+    case 2: decode_accumulate_rows<2, BF16>(acc + r * D, D, p + r * ps, ps, vb, ahead); break;
+    case 1: decode_accumulate_rows<1, BF16>(acc + r * D, D, p + r * ps, ps, vb, ahead); break;
     default: break;
   }
 }
@@ -130,6 +244,9 @@ void decode_block(const DecodeBlockArgs& a) {
     return reinterpret_cast<const char*>(pad);
   };
 
+  // Prefetch distance: kDecodeAhead blocks (a tail block in pad memory prefetches nothing useful).
+  const std::ptrdiff_t ahead = std::ptrdiff_t(kDecodeAhead) * std::ptrdiff_t(block_bytes);
+
   // Pass 1 streams K: every row's scores against the run, each block of K reused from L1 by the rows.
   const Isa::V scale = Isa::set1(a.score_scale);
   for (int64_t j0 = 0; j0 < rows; j0 += kDecodeKB) {
@@ -144,20 +261,17 @@ void decode_block(const DecodeBlockArgs& a) {
     const int64_t* kp = a.k_pos + j0;
     // Every key of the block visible to every row: no element mask.
     const bool full = n == kDecodeKB && kp[n - 1] <= q_min && (a.window_left < 0 || kp[0] >= q_max - a.window_left);
-    for (int r = 0; r < nq; ++r) {
-      float* sr = s + r * padded + j0;
-      for (int g = 0; g < kDecodeSV; ++g)
-        Isa::store(sr + g * kDecodeW,
-                   pairs ? Isa::mul(decode_scores_pairs(a.q_pairs + r * (D / 2),
-                                                        reinterpret_cast<const bf16_bits*>(kb) + g * kDecodeW * D, D),
-                                    scale)
-                         : decode_scores(a.q + r * D, kr + g * kDecodeW * D, D));
-      if (!full) {
+    if (pairs)
+      decode_scores_all<true>(a.q_pairs, D / 2, kb, D, nq, scale, s + j0, padded, ahead);
+    else
+      decode_scores_all<false>(a.q, D, kr, D, nq, scale, s + j0, padded, ahead);
+    if (!full)
+      for (int r = 0; r < nq; ++r) {
+        float* sr = s + r * padded + j0;
         const int64_t qi = a.q_pos[r];
         for (int j = 0; j < kDecodeKB; ++j)
           if (j >= n || kp[j] > qi || (a.window_left >= 0 && kp[j] < qi - a.window_left)) sr[j] = -__builtin_inff();
       }
-    }
   }
 
   // The softmax of each row over the whole run: its max known, no rescaling later.
@@ -186,9 +300,9 @@ void decode_block(const DecodeBlockArgs& a) {
   for (int64_t j0 = 0; j0 < rows; j0 += kDecodeKB) {
     const char* vb = block_of(a.v, vpad, j0);
     if (a.bf16)
-      decode_accumulate_all<true>(a.acc, D, nq, s + j0, padded, vb);
+      decode_accumulate_all<true>(a.acc, D, nq, s + j0, padded, vb, ahead);
     else
-      decode_accumulate_all<false>(a.acc, D, nq, s + j0, padded, vb);
+      decode_accumulate_all<false>(a.acc, D, nq, s + j0, padded, vb, ahead);
   }
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -66,6 +67,18 @@ struct Isa {
   // W bf16 values widened exactly to fp32 (bf16 is the upper half of an fp32).
   static V load_bf16(const bf16_bits* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  // 2W bf16 values from p as fp32 without a widening shuffle: even (elements 0, 2, ...: each
+  // 32-bit pair shifted up) and odd (1, 3, ...: the pair's upper half, masked). interleave()
+  // puts such a split back in element order.
+  static void load_bf16_split(const bf16_bits* p, V& even, V& odd) {
+    const __m512i x = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+  static void interleave(V even, V odd, V& lo, V& hi) {
+    lo = _mm512_permutex2var_ps(even, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), odd);
+    hi = _mm512_permutex2var_ps(even, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), odd);
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
@@ -157,6 +170,17 @@ struct Isa {
   static V load_bf16(const bf16_bits* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
+  // As the AVX-512 ones.
+  static void load_bf16_split(const bf16_bits* p, V& even, V& odd) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(int(0xFFFF0000u))));
+  }
+  static void interleave(V even, V odd, V& lo, V& hi) {
+    const V a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);  // per 128-bit half
+    lo = _mm256_permute2f128_ps(a, b, 0x20);
+    hi = _mm256_permute2f128_ps(a, b, 0x31);
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }
@@ -242,6 +266,8 @@ struct Isa {
 
   static V load(const float* p) { return *p; }
   static V load_bf16(const bf16_bits* p) { return bf16_to_float(*p); }
+  static void load_bf16_split(const bf16_bits* p, V& even, V& odd) { even = bf16_to_float(p[0]), odd = bf16_to_float(p[1]); }
+  static void interleave(V even, V odd, V& lo, V& hi) { lo = even, hi = odd; }
   static void store(float* p, V v) { *p = v; }
   static V set1(float x) { return x; }
   static V zero() { return 0.0f; }

@@ -1,7 +1,7 @@
 // The CPU decode kernel (kernels/cpu/decode_cpu.hpp) against the fp64 reference under the error
 // rule: GQA groups packed as tile rows, several new tokens (causal among themselves), windows,
 // cached rows that are one rank's share (positions with gaps), more rows than one chunk, bf16, a
-// share the window leaves empty, and results that do not depend on the thread count.
+// share the window leaves empty, prefill chunks (the forward kernel), and results that do not depend on the thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,6 +44,11 @@ TEST(DecodeCpu, MatchesReference) {
       {8, 2, 64, 3000, 4, 1000, DType::bf16},  // a window: the first rows are skipped
       {32, 8, 128, 100, 1, 20, DType::f32},  // a window narrower than the stride between rows
       {64, 2, 16, 257, 5, -1, DType::f32},   // 160 rows per head: several row groups
+      // A prefill chunk (pass-Q): kDecodeForwardTokens and more run through the forward kernel.
+      {8, 2, 64, 3000, kernels::kDecodeForwardTokens, -1, DType::f32},
+      {8, 2, 64, 3000, 100, -1, DType::bf16},
+      {8, 2, 64, 3000, 70, 500, DType::bf16},  // a window: the forward kernel's mask
+      {4, 1, 32, 10, 33, 8, DType::f32},       // more new tokens than cached rows
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " rows "
@@ -80,6 +85,10 @@ TEST(DecodeCpu, ResultsDoNotDependOnThreads) {
   const DecodeRun one = run_and_check(c, 1, false), three = run_and_check(c, 3, false);
   EXPECT_EQ(one.o, three.o);
   EXPECT_EQ(one.lse, three.lse);
+  const DecodeCase chunk{8, 2, 64, 3000, 64, -1, DType::bf16};  // through the forward kernel
+  const DecodeRun chunk_one = run_and_check(chunk, 1, false), chunk_three = run_and_check(chunk, 3, false);
+  EXPECT_EQ(chunk_one.o, chunk_three.o);
+  EXPECT_EQ(chunk_one.lse, chunk_three.lse);
 }
 
 }  // namespace
