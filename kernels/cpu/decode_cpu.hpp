@@ -21,8 +21,9 @@
 namespace ringattn::kernels {
 
 inline constexpr int64_t kDecodeChunkRows = cpu::kDecodeChunkRows;
-// From this many new tokens per call (a prefill chunk through pass-Q) the forward kernel's query
-// tiles serve them better than the decode kernel's packed rows (measured: docs/inference.md).
+// From this many new tokens per call (a prefill chunk through pass-Q) the forward kernel serves
+// them: half its 64-row query tile. Measured at 512-token chunks (docs/inference.md), not at the
+// crossover itself; decode's few tokens stay on the decode kernel's packed rows.
 inline constexpr int64_t kDecodeForwardTokens = 32;
 
 // The new tokens of one sequence: q (tokens, H, D), their global positions ascending.

@@ -22,10 +22,10 @@ namespace {
 
 constexpr int kDecodeW = Isa::W;
 constexpr int kDecodeKB = kDecodeKeyBlock;
-constexpr int kDecodeSV = kDecodeKB / kDecodeW;
+constexpr int kDecodeSV = kDecodeKB / kDecodeW;  // score vectors per row and block
 // Blocks between a load and the line it prefetches: 1-2 read fastest here (Zen 4, one core, 1M
 // cached keys: bf16 21 and 20 GB/s at 1 and 2, 18 at 4, 15 at 6; fp32 20, 22, 20, 19).
-constexpr int kDecodeAhead = 2;  // score vectors per row and block
+constexpr int kDecodeAhead = 2;
 static_assert(kDecodeKB % kDecodeW == 0, "a key block is whole vectors of scores");
 // The max of a row that sees no key: finite, so that s - max is never -inf - -inf (and p = 0).
 constexpr float kDecodeNoKey = -3.402823466e38f;
@@ -33,10 +33,10 @@ constexpr float kDecodeNoKey = -3.402823466e38f;
 // The hardware prefetcher alone runs too little ahead of a stream read with this much arithmetic
 // per line (measured: 12-13 GB/s from DRAM, where a bare read loop gets 34): each vector load of
 // both passes also prefetches the line kDecodeAhead blocks on (prefetches never fault, so none is
-// needed past the run's end).
+// needed past the run's end). ahead = 0: the loads read a copy, not the stream (nothing to fetch).
 inline void decode_prefetch(const void* p, std::ptrdiff_t ahead) {
 #if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
-  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
+  if (ahead != 0) _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 #else
   (void)p, (void)ahead;
 #endif
@@ -254,7 +254,8 @@ void decode_block(const DecodeBlockArgs& a) {
     const float* kr = reinterpret_cast<const float*>(kb);
     if (a.bf16 && !pairs) {
       const auto* k16 = reinterpret_cast<const bf16_bits*>(kb);
-      for (int e = 0; e < kDecodeKB * D; e += kDecodeW) Isa::store(kf + e, Isa::load_bf16(k16 + e));
+      for (int e = 0; e < kDecodeKB * D; e += kDecodeW)
+        decode_prefetch(k16 + e, ahead), Isa::store(kf + e, Isa::load_bf16(k16 + e));
       kr = kf;
     }
     const int n = rows - j0 < kDecodeKB ? static_cast<int>(rows - j0) : kDecodeKB;
@@ -264,7 +265,7 @@ void decode_block(const DecodeBlockArgs& a) {
     if (pairs)
       decode_scores_all<true>(a.q_pairs, D / 2, kb, D, nq, scale, s + j0, padded, ahead);
     else
-      decode_scores_all<false>(a.q, D, kr, D, nq, scale, s + j0, padded, ahead);
+      decode_scores_all<false>(a.q, D, kr, D, nq, scale, s + j0, padded, kr == kf ? 0 : ahead);
     if (!full)
       for (int r = 0; r < nq; ++r) {
         float* sr = s + r * padded + j0;
