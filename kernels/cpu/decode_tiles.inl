@@ -23,8 +23,8 @@ namespace {
 constexpr int kDecodeW = Isa::W;
 constexpr int kDecodeKB = kDecodeKeyBlock;
 constexpr int kDecodeSV = kDecodeKB / kDecodeW;  // score vectors per row and block
-// Blocks between a load and the line it prefetches: 1-2 read fastest here (Zen 4, one core, 1M
-// cached keys: bf16 21 and 20 GB/s at 1 and 2, 18 at 4, 15 at 6; fp32 20, 22, 20, 19).
+// Blocks between a load and the line it prefetches: 1, 2 and 4 read alike into L2 (Zen 4, 256K
+// cached tokens, same-run ratios to the read probe; docs/inference.md); 6 was slower into L1.
 constexpr int kDecodeAhead = 2;
 static_assert(kDecodeKB % kDecodeW == 0, "a key block is whole vectors of scores");
 // The max of a row that sees no key: finite, so that s - max is never -inf - -inf (and p = 0).
@@ -34,9 +34,12 @@ constexpr float kDecodeNoKey = -3.402823466e38f;
 // per line (measured: 12-13 GB/s from DRAM, where a bare read loop gets 34): each vector load of
 // both passes also prefetches the line kDecodeAhead blocks on (prefetches never fault, so none is
 // needed past the run's end). ahead = 0: the loads read a copy, not the stream (nothing to fetch).
+// Into L2 (T1), not L1 (T0): on one Zen 4 VM, T0 prefetches made the stream slower than none at
+// all (1 thread, 256K tokens: kernel/probe bf16 31-36% with T0, 34-63% with none, 67-78% with T1 or
+// T2; fp32 31-32%, 35-37%, 56-71%), while on another T0 had been the faster; T1 there is untried.
 inline void decode_prefetch(const void* p, std::ptrdiff_t ahead) {
 #if defined(RINGATTN_ISA_AVX512) || defined(RINGATTN_ISA_AVX2)
-  if (ahead != 0) _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
+  if (ahead != 0) _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T1);
 #else
   (void)p, (void)ahead;
 #endif
