@@ -62,6 +62,11 @@ void decode_through_forward(const AttentionDims& dims, const DecodeQueries& q, c
 
 }  // namespace
 
+bool decode_runs_forward_kernel(int64_t tokens) {
+  const int64_t tile = cpu_query_tile(), tiles = (tokens + tile - 1) / tile;
+  return tokens * 8 >= tiles * tile * 7;
+}
+
 VisibleRows decode_visible_rows(const DecodeQueries& q, const CachedKeyValues& kv, int64_t window_left) {
   if (q.tokens == 0 || kv.rows == 0) return {};
   const int64_t* begin = kv.pos;
@@ -87,7 +92,7 @@ void decode_forward(const AttentionDims& dims, const DecodeQueries& q, const Cac
   std::fill_n(state.lse, H * T, -std::numeric_limits<float>::infinity());
   const VisibleRows visible = decode_visible_rows(q, kv, window_left);
   if (visible.empty()) return;
-  if (T >= kDecodeForwardTokens) return decode_through_forward(dims, q, kv, visible, window_left, state, options);
+  if (decode_runs_forward_kernel(T)) return decode_through_forward(dims, q, kv, visible, window_left, state, options);
 
   // Row r of head g's tile is token r / G of query head g * G + r % G, scaled into log2 units.
   const int64_t rows_per_head = G * T;

@@ -6,8 +6,8 @@
 // H / Hkv query heads of a group (times the new tokens) are the rows of one tile, and each head's
 // rows are split into chunks of kDecodeChunkRows that the threads take as they come; the chunks'
 // partial states are merged in chunk order, so results do not depend on the thread count. A call
-// with kDecodeForwardTokens new tokens or more (a prefill chunk through pass-Q) fills whole query
-// tiles, and runs each KV head's group through attention_forward instead.
+// with enough new tokens to fill its query tiles (a prefill chunk through pass-Q; see
+// decode_runs_forward_kernel) runs each KV head's group through attention_forward instead.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,15 @@
 namespace ringattn::kernels {
 
 inline constexpr int64_t kDecodeChunkRows = cpu::kDecodeChunkRows;
-// From this many new tokens per call (a prefill chunk through pass-Q) the forward kernel serves
-// them: half its 64-row query tile. Measured at 512-token chunks (docs/inference.md), not at the
-// crossover itself; decode's few tokens stay on the decode kernel's packed rows.
-inline constexpr int64_t kDecodeForwardTokens = 32;
+// Whether a call with `tokens` new tokens per sequence runs on the forward kernel rather than the
+// decode kernel: when they fill its query tiles at least 7/8 full (with 64-row tiles: 56-64
+// tokens, 113-128, ..., and every chunk of 449 or more). Each KV head's group runs the forward kernel
+// as G heads of `tokens` rows, so its cost goes by whole tiles, each streaming the cache once, while
+// the decode kernel's goes by tokens. Measured (fp32, 8192 cached rows, 1 thread, G 1-8, D 64 and
+// 128): one tile cost as much as 46-59 tokens on the decode kernel; at 32 tokens the forward kernel
+// was 1.4-1.9x slower, at 48 faster in one case of four, at 64 1.1-1.4x faster, at 96 (two tiles)
+// slower in two of three.
+bool decode_runs_forward_kernel(int64_t tokens);
 
 // The new tokens of one sequence: q (tokens, H, D), their global positions ascending.
 struct DecodeQueries {

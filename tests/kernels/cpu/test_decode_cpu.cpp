@@ -44,11 +44,15 @@ TEST(DecodeCpu, MatchesReference) {
       {8, 2, 64, 3000, 4, 1000, DType::bf16},  // a window: the first rows are skipped
       {32, 8, 128, 100, 1, 20, DType::f32},  // a window narrower than the stride between rows
       {64, 2, 16, 257, 5, -1, DType::f32},   // 160 rows per head: several row groups
-      // A prefill chunk (pass-Q): kDecodeForwardTokens and more run through the forward kernel.
-      {8, 2, 64, 3000, kernels::kDecodeForwardTokens, -1, DType::f32},
-      {8, 2, 64, 3000, 100, -1, DType::bf16},
-      {8, 2, 64, 3000, 70, 500, DType::bf16},  // a window: the forward kernel's mask
-      {4, 1, 32, 10, 33, 8, DType::f32},       // more new tokens than cached rows
+      // Prefill chunks (pass-Q): tokens that fill the query tiles run through the forward kernel,
+      // the others through the decode kernel's row groups.
+      {8, 2, 64, 3000, 64, -1, DType::f32},
+      {8, 2, 64, 3000, 120, -1, DType::bf16},
+      {8, 2, 64, 3000, 100, -1, DType::bf16},  // two tiles 78% full: the decode kernel
+      {8, 2, 64, 3000, 60, 500, DType::bf16},  // a window: the forward kernel's mask
+      {8, 2, 64, 3000, 40, 500, DType::f32},   // the same on the decode kernel
+      {4, 1, 32, 10, 57, 8, DType::f32},       // more new tokens than cached rows
+      {4, 1, 32, 10, 33, 8, DType::f32},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " rows "
@@ -89,6 +93,14 @@ TEST(DecodeCpu, ResultsDoNotDependOnThreads) {
   const DecodeRun chunk_one = run_and_check(chunk, 1, false), chunk_three = run_and_check(chunk, 3, false);
   EXPECT_EQ(chunk_one.o, chunk_three.o);
   EXPECT_EQ(chunk_one.lse, chunk_three.lse);
+}
+
+TEST(DecodeCpu, ForwardKernelTakesCallsThatFillItsQueryTiles) {
+  const int64_t tile = kernels::cpu_query_tile(), fill = tile * 7 / 8;
+  for (int64_t t : {int64_t{1}, int64_t{4}, fill - 1, tile + 1, 2 * fill - 1})
+    EXPECT_FALSE(kernels::decode_runs_forward_kernel(t)) << t << " tokens, tiles of " << tile;
+  for (int64_t t : {fill, tile, 2 * fill, 2 * tile, 8 * tile + 1, 40 * tile + 3})
+    EXPECT_TRUE(kernels::decode_runs_forward_kernel(t)) << t << " tokens, tiles of " << tile;
 }
 
 }  // namespace
