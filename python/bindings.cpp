@@ -223,6 +223,7 @@ PYBIND11_MODULE(_ringattn, m) {
       .def("rank", &Context::rank)
       .def("size", &Context::size)
       .def("cached_plans", &Context::cached_plans)
+      .def("set_cuda_stream", [](Context& c, uintptr_t stream) { c.set_cuda_stream(reinterpret_cast<void*>(stream)); })
       .def("positions",
            [](const Context& c, int64_t L, bool causal, const std::string& layout, int rank, int ulysses) {
              AttentionSpec spec;
@@ -277,7 +278,8 @@ PYBIND11_MODULE(_ringattn, m) {
         c.allgather_bytes(ptr<const void>(send), bytes, ptr<void>(recv), per_rank);
       });
 
-  // The inference path (ringattn.KVCache, prefill, decode): host tensors as pointers.
+  // The inference path (ringattn.KVCache, prefill, decode): tensors as pointers (a CUDA caller's
+  // stream is the context's: Context.set_cuda_stream).
   py::class_<KVCache>(m, "KVCache")
       .def(py::init([](Context& c, int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
                        const std::string& dtype, int64_t interleave) {

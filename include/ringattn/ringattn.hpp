@@ -168,11 +168,12 @@ class Context {
                      const ForwardHandle* saved = nullptr);
 
   // The caller's CUDA stream (a cudaStream_t, e.g. PyTorch's current stream; CUDA backend): each
-  // later forward() and backward() starts, on the device, after the work queued on it before the
-  // call (the kernels that wrote q, k, v, dout), and work queued on it after the call starts after
-  // the call's results are written; no device-wide synchronisation. nullptr is CUDA's legacy
-  // default stream. Until this is called, calls order with no stream of the caller's (inputs must
-  // be complete, e.g. after cudaStreamSynchronize). A no-op with the CPU backend.
+  // later forward() and backward(), and each prefill() and decode() of a KVCache on this context,
+  // starts, on the device, after the work queued on it before the call (the kernels that wrote q,
+  // k, v, dout), and work queued on it after the call starts after the call's results are written;
+  // no device-wide synchronisation. nullptr is CUDA's legacy default stream. Until this is called,
+  // calls order with no stream of the caller's (inputs must be complete, e.g. after
+  // cudaStreamSynchronize). A no-op with the CPU backend.
   void set_cuda_stream(void* stream);
   // Called after each step of a pass with (steps done, steps in all) (progress lines, tests).
   void set_step_callback(std::function<void(int, int)> on_step);
@@ -184,6 +185,8 @@ class Context {
  private:
   friend class KVCache;
   Session& session();
+  // The stream set_cuda_stream gave, for KVCache's calls; nullopt until it is called.
+  std::optional<void*> cuda_stream() const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -202,7 +205,8 @@ class Context {
 // sequence's next, shapes that differ between ranks, decode on a cache never filled) throws
 // ArgumentError on every rank with the cache unchanged. The cache lives in the context's backend
 // memory, and the calls' pointers are there too (host memory for the CPU backend, device memory
-// for CUDA: inputs complete before the call, results complete on return).
+// for CUDA: inputs complete before the call, or queued on the stream given to the context's
+// set_cuda_stream; results complete on return, and ordered before that stream's later work).
 struct CacheOptions {
   int64_t batch = 1;
   int64_t kv_heads = 1;

@@ -4,7 +4,7 @@ device="cuda" (its rows then live on the rank's GPU); no autograd. The checks he
 shapes against the cache; the library judges the rest, on every rank alike, and a problem any
 rank finds raises on every rank with the cache unchanged."""
 from ._checks import element_type
-from ._core import context
+from ._core import context, cuda_stream
 
 
 class KVCache:
@@ -86,13 +86,12 @@ def _outputs(q):
     return o, lse
 
 
-def _pointers(q, k, v, problem):
+def _pointers(q, k, v, cache, problem):
     if problem is not None:
         return (0, 0, 0), None
     q, k, v = (x.detach().contiguous() for x in (q, k, v))
-    if q.is_cuda:  # the cache's calls read their inputs complete (and return their results so)
-        import torch
-        torch.cuda.current_stream(q.device).synchronize()
+    if q.is_cuda:  # the call's device work waits for torch's current stream, which then waits for it
+        cache._ctx.set_cuda_stream(cuda_stream(q))
     return (q.data_ptr(), k.data_ptr(), v.data_ptr()), (q, k, v)
 
 
@@ -107,7 +106,7 @@ def prefill(q, k, v, cache, window=(-1, 0), method="auto"):
     problem = _problem(q, k, v, cache, window)
     if problem is None and method not in ("auto", "pass-kv", "pass-q"):
         problem = ("method", "{method} %r: expected 'auto', 'pass-kv' or 'pass-q'" % (method,), False)
-    ptrs, kept = _pointers(q, k, v, problem)
+    ptrs, kept = _pointers(q, k, v, cache, problem)
     o, lse = _outputs(q) if problem is None else (None, None)
     heads = int(q.shape[2]) if problem is None else 1
     rows = int(q.shape[1]) if problem is None else 0
@@ -123,7 +122,7 @@ def decode(q, k, v, cache, window=(-1, 0)):
     q (B, T, H, D), k and v (B, T, Hkv, D): the same on every rank. Appends k, v to the cache
     (placed round-robin) and returns o (B, T, H, D), q's dtype, on every rank."""
     problem = _problem(q, k, v, cache, window)
-    ptrs, kept = _pointers(q, k, v, problem)
+    ptrs, kept = _pointers(q, k, v, cache, problem)
     o, lse = _outputs(q) if problem is None else (None, None)
     heads = int(q.shape[2]) if problem is None else 1
     tokens = int(q.shape[1]) if problem is None else 1

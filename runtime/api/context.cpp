@@ -50,6 +50,9 @@ Context::Context(MPI_Comm comm, const ContextOptions& options) : impl_(std::make
 Context::~Context() = default;
 
 Session& Context::session() { return impl_->session; }
+std::optional<void*> Context::cuda_stream() const {
+  return impl_->has_caller_stream ? std::optional<void*>(impl_->caller_stream) : std::nullopt;
+}
 
 int Context::rank() const { return impl_->session.rank(); }
 int Context::size() const { return impl_->session.size(); }

@@ -3,7 +3,8 @@
 // sequence out of range, a position that is not the next, shapes that differ between ranks, decode
 // on a cache never filled, and a head dim the CUDA decode kernel lacks) are each an ArgumentError
 // naming the argument on every rank, with the cache unchanged; good calls between them run on the
-// device. (Exactness on CUDA: ringattn_inference_tests under RINGATTN_TEST_BACKEND=cuda.)
+// device; and the calls order with a caller's stream. (Exactness on CUDA: ringattn_inference_tests
+// under RINGATTN_TEST_BACKEND=cuda.)
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -105,6 +106,32 @@ TEST(KVCacheNcclEmulated, BadInputsNameTheirArgumentOnEveryRankAndLeaveTheCache)
   for (int64_t length = 2; length < 3 * P; ++length) decode(H, first);
   EXPECT_EQ(cache.lengths()[0], 3 * P);
   unchanged([&] { decode(H, first); }, "capacity");
+}
+
+// With the caller's stream given to the context (as ringattn.KVCache does with torch's current
+// stream), prefill and decode order their device work with it through events and give the same
+// results. (That the order holds while a GPU is still running the caller's kernels needs a GPU:
+// the emulation runs kernels as they are issued; launch/gpu-check.sh runs the Python cache.)
+TEST(KVCacheNcclEmulated, CallsOrderWithTheCallersStream) {
+  Context ctx(MPI_COMM_WORLD, cuda_nccl());
+  cudaStream_t caller = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  ctx.set_cuda_stream(caller);
+  const int64_t H = 4, Hkv = 2, D = 16;
+  KVCache cache(ctx, CacheOptions{1, Hkv, D, 8, 1, ElementType::float32});
+  DeviceFloats q(size_t(3 * H * D), 0.5f), kv(size_t(3 * Hkv * D), 0.25f), o(q.n, 0.0f), lse(size_t(3 * H), 0.0f);
+  InferenceSpec pass_q;
+  pass_q.method = PrefillMethod::pass_q;
+  cache.prefill(H, pass_q, 3, q.p, kv.p, kv.p, o.p, lse.p);
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  for (float x : o.host()) EXPECT_FLOAT_EQ(x, 0.25f);
+  cache.decode(H, 1, {}, q.p, kv.p, kv.p, o.p, lse.p);
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{4}));
+  const std::vector<float> out = o.host();
+  for (size_t i = 0; i < size_t(H * D); ++i) EXPECT_FLOAT_EQ(out[i], 0.25f);
+  for (size_t h = 0; h < size_t(H); ++h) EXPECT_TRUE(std::isfinite(lse.host()[h]));
+  cudaStreamDestroy(caller);
 }
 
 }  // namespace
