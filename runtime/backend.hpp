@@ -183,6 +183,17 @@ class AttentionBackend {
   virtual void synchronize() = 0;
 };
 
+// Runs `call` (the backend's work of one user call) ordered with the caller's stream, where there
+// is one (Context::set_cuda_stream): after the work queued on it so far, and before the work queued
+// on it later. Returns what `call` returns.
+template <class Call>
+auto ordered_with_stream(AttentionBackend& backend, std::optional<void*> stream, Call&& call) {
+  if (stream) backend.after_stream(*stream);
+  auto result = call();
+  if (stream) backend.before_stream(*stream);
+  return result;
+}
+
 std::unique_ptr<AttentionBackend> make_cpu_backend(int threads);
 
 // A buffer in backend memory, released with its owner.

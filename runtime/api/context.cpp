@@ -33,8 +33,7 @@ std::string shape_text(const Announcement& a, bool keys) {
 struct Context::Impl {
   Session session;
   std::function<void(int, int)> on_step;
-  bool has_caller_stream = false;  // set_cuda_stream was called
-  void* caller_stream = nullptr;
+  std::optional<void*> caller_stream;  // set once set_cuda_stream is called (nullptr is a stream too)
 
   Impl(MPI_Comm comm, const ContextOptions& options) : session(comm, SessionOptions{options, {}}) {}
 
@@ -51,7 +50,7 @@ Context::~Context() = default;
 
 Session& Context::session() { return impl_->session; }
 std::optional<void*> Context::cuda_stream() const {
-  return impl_->has_caller_stream ? std::optional<void*>(impl_->caller_stream) : std::nullopt;
+  return impl_->caller_stream;
 }
 
 int Context::rank() const { return impl_->session.rank(); }
@@ -61,7 +60,6 @@ const ContextOptions& Context::options() const { return impl_->session.options()
 size_t Context::cached_plans() const { return impl_->session.cached_plans(); }
 void Context::set_step_callback(std::function<void(int, int)> on_step) { impl_->on_step = std::move(on_step); }
 void Context::set_cuda_stream(void* stream) {
-  impl_->has_caller_stream = true;
   impl_->caller_stream = stream;
 }
 
@@ -160,9 +158,7 @@ RingStats Context::Impl::run(AttentionPlan& plan, Pass pass) {
   UlyssesAttention& attention = plan.attention();
   attention.on_step = on_step;
   AttentionBackend& backend = session.backend();
-  if (has_caller_stream) backend.after_stream(caller_stream);
-  const PassStats s = pass(attention);
-  if (has_caller_stream) backend.before_stream(caller_stream);
+  const PassStats s = ordered_with_stream(backend, caller_stream, [&] { return pass(attention); });
   return ring_stats(s, attention);
 }
 

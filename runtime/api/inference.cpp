@@ -80,22 +80,6 @@ std::optional<ArgumentError> check_call(const CacheOptions& o, int64_t heads, co
   return std::nullopt;
 }
 
-// Orders a call's device work after the caller's stream (its inputs) and the stream's later work
-// after the call's results, where the context was given one (Context::set_cuda_stream).
-class CallerStreamOrder {
- public:
-  CallerStreamOrder(AttentionBackend& backend, std::optional<void*> stream) : backend_(backend), stream_(stream) {
-    if (stream_) backend_.after_stream(*stream_);
-  }
-  void results_written() {
-    if (stream_) backend_.before_stream(*stream_);
-  }
-
- private:
-  AttentionBackend& backend_;
-  std::optional<void*> stream_;
-};
-
 float scale_of(const InferenceSpec& spec, int64_t head_dim) {
   return spec.softmax_scale != 0.0 ? float(spec.softmax_scale) : 1.0f / std::sqrt(float(head_dim));
 }
@@ -178,9 +162,9 @@ InferenceStats KVCache::prefill(int64_t heads, const InferenceSpec& spec, int64_
                                       std::to_string(tokens) + " tokens gives it " + std::to_string(want) +
                                       (pass_q ? "" : " (take each rank's rows with prefill_positions or shard)"));
   }
-  CallerStreamOrder order(session.backend(), impl_->ctx.cuda_stream());
-  const inference::PrefillStats st = inference::prefill(session, *impl_->cache, r, q, k, v, o, lse);
-  order.results_written();
+  const inference::PrefillStats st = ordered_with_stream(session.backend(), impl_->ctx.cuda_stream(), [&] {
+    return inference::prefill(session, *impl_->cache, r, q, k, v, o, lse);
+  });
   return InferenceStats{st.seconds, static_cast<PrefillMethod>(st.method), st.bytes_sent};
 }
 
@@ -201,9 +185,9 @@ InferenceStats KVCache::decode(int64_t heads, int64_t tokens, const InferenceSpe
   inference::DecodeRequest r;
   r.heads = heads, r.tokens = tokens, r.scale = scale_of(spec, co.head_dim), r.window_left = spec.window_left;
   r.threads = impl_->ctx.options().threads, r.sequences = spec.sequences, r.positions = spec.positions;
-  CallerStreamOrder order(session.backend(), impl_->ctx.cuda_stream());
-  const inference::DecodeStats st = inference::decode_step(session, *impl_->cache, r, q, k, v, o, lse);
-  order.results_written();
+  const inference::DecodeStats st = ordered_with_stream(session.backend(), impl_->ctx.cuda_stream(), [&] {
+    return inference::decode_step(session, *impl_->cache, r, q, k, v, o, lse);
+  });
   return InferenceStats{st.seconds, PrefillMethod::automatic, st.merge.bytes_moved / uint64_t(session.size())};
 }
 

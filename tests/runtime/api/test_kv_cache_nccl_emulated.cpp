@@ -130,7 +130,8 @@ TEST(KVCacheNcclEmulated, CallsOrderWithTheCallersStream) {
   EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{4}));
   const std::vector<float> out = o.host();
   for (size_t i = 0; i < size_t(H * D); ++i) EXPECT_FLOAT_EQ(out[i], 0.25f);
-  for (size_t h = 0; h < size_t(H); ++h) EXPECT_TRUE(std::isfinite(lse.host()[h]));
+  const std::vector<float> lse_out = lse.host();
+  for (size_t h = 0; h < size_t(H); ++h) EXPECT_TRUE(std::isfinite(lse_out[h]));
   cudaStreamDestroy(caller);
 }
 
