@@ -22,7 +22,7 @@ tmp = tempfile.mkdtemp()
 
 def run(np, args, expect=0):
     p = subprocess.run([MPIEXEC] + FLAGS + ["-np", str(np), "--oversubscribe", EXE] + args, env=ENV,
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == expect, "exit %d (expected %d) for %s:\n%s\n%s" % (p.returncode, expect, args, p.stdout,
                                                                               p.stderr)
     return p

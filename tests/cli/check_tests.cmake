@@ -28,7 +28,7 @@ foreach(entry ${ringattn_check_faults})
       set(test check_fails_on_${name}_bf16)
     endif()
     ringattn_mpi_test(${test} ringattn 2 EXIT_CODE 3 ARGS ${ringattn_check_job} ${extra} --dtype ${dtype})
-    set_tests_properties(${test} PROPERTIES TIMEOUT 60 ENVIRONMENT
+    set_tests_properties(${test} PROPERTIES TIMEOUT 600 ENVIRONMENT
       "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;RINGATTN_TEST_FAULT=${fault}")
   endforeach()
 endforeach()

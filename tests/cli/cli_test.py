@@ -81,6 +81,11 @@ BANNER_MARKERS = ("-----", "Primary job", "a non-zero exit", "mpirun detected", 
                   "You may or may not", "exactly when Open MPI", "mpirun noticed", "Forwarding signal")
 
 
+# Seconds after which a case counts as hung and is killed: a bound only a hang reaches (every case
+# takes a few seconds on a quiet machine, and ranks given --timeout 600 outlive it). No case
+# checks how fast it ran: a busy machine must not fail a test (docs/testing.md).
+HANG_LIMIT = 180.0
+
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer")
 
 
@@ -165,7 +170,7 @@ class Runner:
         proc.t0 = time.monotonic()
         return proc
 
-    def finish(self, proc, limit=90.0):
+    def finish(self, proc, limit=HANG_LIMIT):
         try:
             out, err = proc.communicate(timeout=max(1.0, limit - (time.monotonic() - proc.t0)))
         except subprocess.TimeoutExpired:
@@ -193,7 +198,7 @@ class Runner:
         expect(not any(m in err for m in SANITIZER_MARKERS), "a sanitizer reported an error", result)
         return result
 
-    def run(self, args, env=None, limit=90.0, **kw):
+    def run(self, args, env=None, limit=HANG_LIMIT, **kw):
         return self.finish(self.start(args, env=env, **kw), limit)
 
 
@@ -435,9 +440,8 @@ def group_bad_inputs(runner, w, jobs):
 
     def one(case):
         name, args, env, needles = case
-        result = runner.run(args, env=env, limit=60)
+        result = runner.run(args, env=env, limit=HANG_LIMIT)
         expect_exit(result, 2, needles)
-        expect(result.seconds < 30, "took %.1f s" % result.seconds, result)
         return name
 
     return run_cases(cases, one, jobs)
@@ -490,9 +494,8 @@ def group_agreement(runner, w, jobs):
 
     def one(case):
         name, mpmd, needles = case
-        result = runner.run([], mpmd=mpmd, limit=60)
+        result = runner.run([], mpmd=mpmd, limit=HANG_LIMIT)
         expect_exit(result, 2, needles)
-        expect(result.seconds < 30, "took %.1f s" % result.seconds, result)
         return name
 
     return run_cases(cases, one, jobs)
@@ -553,7 +556,7 @@ def group_numerics(runner, w, jobs):
 
     def one(case):
         name, args, outputs = case
-        result = runner.run(args, limit=60)
+        result = runner.run(args, limit=HANG_LIMIT)
         expect_exit(result, 0)
         expect("--check" not in args or "check     passed" in result.out, "--check did not pass", result)
         notes = [l for l in ringattn_lines(result.err) if l.startswith("ringattn: note:")]
@@ -579,7 +582,8 @@ def group_numerics(runner, w, jobs):
 
 
 def group_faults(runner, w, jobs):
-    """At most 3 at once: the bounds are on time, with room for a busy machine."""
+    """Each ends with the exit and the message it should, on every rank, and leaves nothing behind;
+    that it ends at all is checked by HANG_LIMIT, which only a hang reaches."""
     big = ["--seq-len", "4096", "--heads", "4", "--head-dim", "64"]
     cases = []
 
@@ -589,30 +593,30 @@ def group_faults(runner, w, jobs):
     def stopped_rank():
         # Rank 1 stops after its backward's first step (2 forward steps + 1): rank 0 then waits
         # for the dK/dV that rank 1 owes it.
-        r = runner.run(big + ["--backward", "--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:3:STOP"}, limit=60)
+        r = runner.run(big + ["--backward", "--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:3:STOP"},
+                       limit=HANG_LIMIT)
         # Rank 0 waits for rank 1's K/V or for the dK/dV it owes: either names rank 1 and step 1.
         expect_exit(r, 4, ["timed out after 5 s", "of step 1 from rank 1", "backward pass of repetition 1/1",
                            "rank 1 did not answer a roll call within 1 s"])
-        expect(r.seconds < 25, "ended after %.1f s, not within the 5 s timeout (+ start-up)" % r.seconds, r)
 
     def stopped_rank_forward():
         # Rank 1 stops after its forward's first step: rank 0 finishes the forward pass and waits
         # in the collective after it, which cannot say who is missing: the roll call does.
-        r = runner.run(big + ["--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:1:STOP"}, limit=60)
+        r = runner.run(big + ["--timeout", "5"], env={"RINGATTN_TEST_RAISE": "1:1:STOP"}, limit=HANG_LIMIT)
         expect_exit(r, 4, ["timed out after 5 s", "forward pass of repetition 1/1",
                            "rank 1 did not answer a roll call within 1 s"])
-        expect(r.seconds < 25, "ended after %.1f s" % r.seconds, r)
 
     def killed_rank():
-        r = runner.run(big + ["--timeout", "60", "--iters", "3"], env={"RINGATTN_TEST_RAISE": "1:1:KILL"}, limit=60)
+        # --timeout 600: ending before it shows that mpirun, not the ranks' timeout, ended the job.
+        r = runner.run(big + ["--timeout", "600", "--iters", "3"], env={"RINGATTN_TEST_RAISE": "1:1:KILL"},
+                       limit=HANG_LIMIT)
         expect(not r.leftovers, "processes left behind: %s" % r.leftovers, r)
         expect(r.code != 0, "a killed rank must fail the job", r)
-        expect(r.seconds < 20, "ended after %.1f s (mpirun should end the job at once)" % r.seconds, r)
 
     def killed_while_writing():
-        r = runner.run(big + ["--timeout", "60", "--out", "o_kill.npy", "--lse", "lse_kill.npy"],
-                       env={"RINGATTN_TEST_RAISE": "1:write:KILL"}, limit=60)
-        expect(not r.leftovers and r.code != 0 and r.seconds < 20, "expected a quick failure", r)
+        r = runner.run(big + ["--timeout", "600", "--out", "o_kill.npy", "--lse", "lse_kill.npy"],
+                       env={"RINGATTN_TEST_RAISE": "1:write:KILL"}, limit=HANG_LIMIT)
+        expect(not r.leftovers and r.code != 0, "expected a failure", r)
         left = outputs_left(w, "o_kill.npy") + outputs_left(w, "lse_kill.npy")
         expect(not left, "files left: %s" % left, r)
 
@@ -620,31 +624,29 @@ def group_faults(runner, w, jobs):
         out = "o_%s.npy" % name
         # Rank 1 hangs after writing its rows (not SIGSTOP: mpirun resumes stopped ranks with
         # SIGCONT before it signals them, and the job could then finish before the signal lands).
-        proc = runner.start(big + ["--timeout", "60", "--out", out], env={"RINGATTN_TEST_RAISE": "1:write:HANG"})
-        deadline = time.monotonic() + 60
+        proc = runner.start(big + ["--timeout", "600", "--out", out], env={"RINGATTN_TEST_RAISE": "1:write:HANG"})
+        deadline = time.monotonic() + HANG_LIMIT
         while not any(f.startswith(out + ".tmp-") for f in os.listdir(w)) and time.monotonic() < deadline:
             time.sleep(0.05)
         expect(time.monotonic() < deadline, "the output's temporary file never appeared")
         time.sleep(0.2)
-        t0 = time.monotonic()
         proc.send_signal(sig)
-        r = runner.finish(proc, limit=90)
-        ended = time.monotonic() - t0
+        # Ended by the signal: the hanging rank's --timeout (600 s) is past the limit.
+        r = runner.finish(proc, limit=time.monotonic() - proc.t0 + HANG_LIMIT)
         expect(not r.leftovers, "processes left behind: %s" % r.leftovers, r)
-        expect(r.code != 0, "an interrupted job must fail", r)
-        expect(ended < 10, "ended %.1f s after the signal" % ended, r)
+        expect(r.code != 0 and "killed after" not in r.err, "an interrupted job must fail", r)
         # (Rank 0 prints a line, but mpirun may drop the ranks' output while it ends the job.)
         expect(not outputs_left(w, out), "files left: %s" % outputs_left(w, out), r)
 
     def signal_to_single_process_while_writing(sig):
         out = "o_single_%d.npy" % sig
         proc = runner.start(big + ["--out", out], env={"RINGATTN_TEST_RAISE": "0:write:HANG"}, np=None)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_LIMIT
         while not any(f.startswith(out + ".tmp-") for f in os.listdir(w)) and time.monotonic() < deadline:
             time.sleep(0.05)
         expect(time.monotonic() < deadline, "the output's temporary file never appeared")
         proc.send_signal(sig)
-        r = runner.finish(proc, limit=30)
+        r = runner.finish(proc, limit=time.monotonic() - proc.t0 + HANG_LIMIT)
         expect(not r.leftovers, "processes left behind: %s" % r.leftovers, r)
         expect(r.code == -sig, "expected death by signal %d (exit status %d in a shell)" % (sig, 128 + sig), r)
         name = signal.Signals(sig).name
@@ -654,15 +656,14 @@ def group_faults(runner, w, jobs):
 
     def signal_to_rank(sig, rank):
         out = "o_rank_%d.npy" % rank
-        proc = runner.start(big + ["--timeout", "60", "--iters", "200", "--out", out])
-        pid = rank_pid(proc.tag, rank)
+        proc = runner.start(big + ["--timeout", "600", "--iters", "200", "--out", out])
+        pid = rank_pid(proc.tag, rank, timeout=HANG_LIMIT)
         time.sleep(1.0)
-        t0 = time.monotonic()
         os.kill(pid, sig)
-        r = runner.finish(proc, limit=90)
-        ended = time.monotonic() - t0
+        # Ended by the signal, not by the ranks' --timeout (600 s, past the limit) nor the 200 iterations.
+        r = runner.finish(proc, limit=time.monotonic() - proc.t0 + HANG_LIMIT)
         expect(not r.leftovers, "processes left behind: %s" % r.leftovers, r)
-        expect(r.code != 0 and ended < 10, "expected a failure within 10 s, got one after %.1f s" % ended, r)
+        expect(r.code != 0 and "killed after" not in r.err, "expected a failure", r)
         expect(not outputs_left(w, out), "files left", r)
 
     def full_disk():
@@ -670,13 +671,13 @@ def group_faults(runner, w, jobs):
         # the TCP transport keeps Open MPI's shared-memory files out of its way.
         r = runner.run(big + ["--timeout", "30", "--out", "o_full.npy", "--lse", "lse_full.npy"],
                        wrapper=["sh", "-c", 'ulimit -f 256 && exec "$0" "$@"'], mca=["--mca", "btl", "self,tcp"],
-                       limit=60)
+                       limit=HANG_LIMIT)
         expect_exit(r, 4, ["--out o_full.npy", "File too large"])
         left = outputs_left(w, "o_full.npy") + outputs_left(w, "lse_full.npy")
         expect(not left, "files left: %s" % left, r)
 
     def complete_outputs():
-        r = runner.run(big + ["--out", "o_ok.npy", "--lse", "lse_ok.npy", "--check"], limit=60)
+        r = runner.run(big + ["--out", "o_ok.npy", "--lse", "lse_ok.npy", "--check"], limit=HANG_LIMIT)
         expect_exit(r, 0)
         expect(outputs_left(w, "o_ok.npy") == ["o_ok.npy"] and outputs_left(w, "lse_ok.npy") == ["lse_ok.npy"],
                "outputs missing, or temporary files left", r)
@@ -723,7 +724,7 @@ def group_binding(runner, w, jobs):
     def run(binding, args, np=1):
         bound = Runner(runner.ringattn, runner.mpiexec, w)
         bound.flags = ["--bind-to", binding]
-        r = bound.run(args, np=np, limit=60)
+        r = bound.run(args, np=np, limit=HANG_LIMIT)
         expect(r.code == 0 and not r.leftovers, "expected success", r)
         return r, [l for l in ringattn_lines(r.err) if l.startswith("ringattn: warning:")]
 

@@ -22,7 +22,7 @@ MPIEXEC = sys.argv[2:] or ["mpirun"]
 
 def run(np_, args):
     cmd = MPIEXEC + ["-np", str(np_), os.path.join(BUILD, "ringattn"), "decode", "--threads", "1"] + args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout + p.stderr
 
 

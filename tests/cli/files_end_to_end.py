@@ -67,7 +67,7 @@ def visible_matrix(L, causal=False, window=None, docs=None, block=None, n=None):
 
 def run(ranks, args):
     cmd = MPIEXEC + ["-np", str(ranks), os.path.join(BUILD, "ringattn")] + args
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"FAILED (exit {r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
     return r

@@ -29,7 +29,7 @@ def run(tmp, extra, heads=8, kv_heads=2, env=None):
     cmd = MPIEXEC + ["-np", str(RANKS), os.path.join(BUILD, "ringattn"), "attention", "--seq-len", "301", "--heads",
                      str(heads), "--kv-heads", str(kv_heads), "--head-dim", "32", "--causal", "--window", "90,0", "--backward",
                      "--threads", "1", "--seed", "3"] + extra
-    return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240, env=dict(os.environ, **(env or {})))
+    return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
 
 
 def main():
@@ -72,7 +72,7 @@ def main():
         for u in (1, 2, 4, "2rr"):
             cmd = MPIEXEC + ["-np", str(RANKS), os.path.join(BUILD, "ringattn"), "layer", "--demo", "--causal",
                              "--steps", "4", "--threads", "1", "--ulysses", str(u)[0]]
-            r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240,
+            r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600,
                                env=dict(os.environ, **(ROUND_ROBIN if u == "2rr" else {})))
             line = [l for l in r.stdout.splitlines() if l.strip().startswith("loss ")]
             if r.returncode != 0 or not line:

@@ -33,7 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NETNS = os.path.join(ROOT, "launch", "cluster", "netns.sh")
 sys.path.insert(0, os.path.join(HERE, "..", "cli"))
-from cli_test import Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines, run_groups  # noqa: E402
+from cli_test import (HANG_LIMIT, Failure, Runner, expect, expect_exit, outputs_left, ringattn_lines,  # noqa: E402
+                      run_groups)
 
 STATE_ROOT = "/run/ringattn-netns"
 PREFIX = "rtest"  # test clusters: rtest<pid><group letter>
@@ -201,7 +202,7 @@ def group_cluster(ringattn, w):
             r = sh([NETNS] + bad, env=dict(os.environ, RINGATTN_NETNS=c.name + "x"), check=False)
             expect(r.returncode == 2 and "netns.sh:" in r.stderr, "%s: exit %d %s" % (bad, r.returncode, r.stderr))
 
-    def job(args, np, mpirun=None, env=None, limit=120):
+    def job(args, np, mpirun=None, env=None, limit=HANG_LIMIT):
         out = os.path.join(w, "job.json")
         sent0 = [c.sent(i) for i in range(4)]
         r = runner.finish(c.start(runner, args + ["--json", out], np, env=env, mpirun=mpirun), limit=limit)
@@ -303,7 +304,7 @@ def group_faults(ringattn, w):
         """Starts the job; returns it once node 1 has sent limit_bytes on its data link."""
         sent0 = c.sent(1)
         proc = c.start(runner, big + args, 3, env=env)
-        wait_until(lambda: c.sent(1) - sent0 >= limit_bytes or proc.poll() is not None, 60,
+        wait_until(lambda: c.sent(1) - sent0 >= limit_bytes or proc.poll() is not None, HANG_LIMIT,
                    "node 1 sending %d bytes" % limit_bytes)
         expect(proc.poll() is None, "the job ended before the fault")
         return proc
@@ -319,19 +320,19 @@ def group_faults(ringattn, w):
         c.exec(1, ["ip", "link", "set", "data0", "down"])
         t0 = time.monotonic()
         try:
-            r = runner.finish(proc, limit=60)
+            r = runner.finish(proc, limit=time.monotonic() - proc.t0 + HANG_LIMIT)
         finally:
             c.exec(1, ["ip", "link", "set", "data0", "up"])
         ended = time.monotonic() - t0
+        # Ended by the ranks' 5 s timeout (the message says so), not by the hang limit.
         expect_exit(r, 4, ["timed out after 5 s", "in the %s pass of repetition 1/1" % phase])
         errors = [l for l in ringattn_lines(r.err) if l.startswith("ringattn: error: rank ")]
         expect(any(re.search(r"of step \d+ from rank \d", l) for l in errors), "no error names the step and rank", r)
         expect(any("rank 1" in l for l in errors), "no error names rank 1, the one cut off", r)
-        expect(ended < 5 + 10, "ended %.1f s after the link went down (--timeout 5)" % ended, r)
         nothing_left(r, out)
         note("%s: exit %d %.1f s after the link went down; %s" % (phase, r.code, ended, errors[0]))
 
-    @case("data0 of node 1 down mid-forward: exit 4 within --timeout + 10 s, names rank and step, nothing left")
+    @case("data0 of node 1 down mid-forward: exit 4 after --timeout, names rank and step, nothing left")
     def down_forward():
         link_down("forward", forward_bytes // 4)
 
@@ -339,19 +340,19 @@ def group_faults(ringattn, w):
     def down_backward():
         link_down("backward", forward_bytes + forward_bytes // 2)
 
-    @case("node 1's ranks SIGKILLed mid-ring: the job ends within the timeout, nothing left")
+    @case("node 1's ranks SIGKILLed mid-ring: mpirun ends the job, nothing left")
     def killed():
         out = "o_killed.npy"
-        proc = start(["--timeout", "30", "--out", out], forward_bytes // 4)
+        # --timeout 600, past the hang limit: the job ends because mpirun sees its ranks die.
+        proc = start(["--timeout", "600", "--out", out], forward_bytes // 4)
         ranks = [p for p in c.pids(1) if ringattn.encode() in open("/proc/%d/cmdline" % p, "rb").read()]
         expect(ranks, "no rank found in %s" % c.ns(1))
         t0 = time.monotonic()
         for pid in ranks:
             os.kill(pid, signal.SIGKILL)
-        r = runner.finish(proc, limit=60)
+        r = runner.finish(proc, limit=time.monotonic() - proc.t0 + HANG_LIMIT)
         ended = time.monotonic() - t0
-        expect(r.code != 0, "a killed node must fail the job", r)
-        expect(ended < 30, "ended %.1f s after the kill (--timeout 30)" % ended, r)
+        expect(r.code != 0 and "killed after" not in r.err, "a killed node must fail the job", r)
         nothing_left(r, out)
         note("killed: exit %d %.1f s after the kill" % (r.code, ended))
 
@@ -361,29 +362,30 @@ def group_faults(ringattn, w):
         c.exec(1, ["ip", "link", "set", "data0", "down"])
         time.sleep(2)
         c.exec(1, ["ip", "link", "set", "data0", "up"])
-        r = runner.finish(proc, limit=90)
+        r = runner.finish(proc, limit=HANG_LIMIT)
         expect_exit(r, 0)
         expect("check     passed" in r.out, "--check did not pass", r)
         expect(outputs_left(w, "o_flap.npy") == ["o_flap.npy"], "the output is missing", r)
         expect(not c.processes_left(), "processes left", r)
         note("flapping: " + [l for l in r.out.splitlines() if "forward" in l][0].strip())
 
-    @case("bandwidth cut to 1/10 mid-run: completes, --check passes, the exposed communication shows it")
+    @case("bandwidth cut to 1/40 mid-run: completes, --check passes, the exposed communication shows it")
     def bandwidth_cut():
         c.run(["rate", "200mbit"])
         out = os.path.join(w, "cut.json")
         try:
             proc = start(["--timeout", "60", "--check", "--iters", "3", "--json", out], forward_bytes // 2)
-            c.run(["rate", "20mbit"])
-            r = runner.finish(proc, limit=120)
+            c.run(["rate", "5mbit"])
+            r = runner.finish(proc, limit=HANG_LIMIT)
         finally:
             c.run(["rate", "20mbit"])
         expect_exit(r, 0)
         j = read_json(out)
         expect(j["check_passed"], "--check failed", r)
-        # Two of the three forward passes ran at 20 Mbit/s: 4 MiB take 1.75 s there, against 0.4 s
-        # of compute; the median pass is one of them.
-        expect(j["forward_s"] > 0.8 * forward_bytes * 8 / 20e6, "forward %.2f s: not at the cut rate" % j["forward_s"], r)
+        # Two of the three forward passes ran at 5 Mbit/s: 4 MiB take 7 s there, against 0.4 s of
+        # compute on a quiet machine and a few seconds on one whose cores are busy (so the exposed
+        # share stays above 40% either way); the median pass is one of them.
+        expect(j["forward_s"] > 0.8 * forward_bytes * 8 / 5e6, "forward %.2f s: not at the cut rate" % j["forward_s"], r)
         shown = re.search(r"exposed (\d+(\.\d+)?)% of forward", r.out)
         expect(shown and float(shown.group(1)) > 40 and j["exposed_comm_fraction"] > 0.4,
                "the summary does not show the exposed communication: %s" % (shown and shown.group(0)), r)

@@ -54,7 +54,7 @@ if(RINGATTN_PYTHON)
     add_test(NAME nccl_emulated_cli_${group}
              COMMAND ${RINGATTN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/comm/nccl_emulated_cli.py
                      --ringattn $<TARGET_FILE:ringattn> --mpiexec ${MPIEXEC_EXECUTABLE} ${group})
-    set_tests_properties(nccl_emulated_cli_${group} PROPERTIES LABELS "cli;mpi;nccl_emulation" RUN_SERIAL TRUE
-      TIMEOUT 600 ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    set_tests_properties(nccl_emulated_cli_${group} PROPERTIES LABELS "cli;mpi;nccl_emulation" PROCESSORS 2
+      TIMEOUT 900 ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   endforeach()
 endif()

@@ -1,6 +1,9 @@
 // Link emulation (comm/emulated_link_communicator.hpp): the queueing arithmetic exactly, then
-// measured transfers on this machine with a 1 GB/s, 100 us link over the MPI communicator. Lower
-// bounds are the emulated times; upper bounds allow 3x for a shared, oversubscribed machine.
+// measured transfers on this machine with a 1 GB/s, 100 us link over the MPI communicator. Measured
+// times are checked from below only (the emulated time is what the emulator promises; a busy
+// machine can only add to it): that the link adds no more than its model is the arithmetic's test
+// above, and how close a run comes to the model is measured by launch/plan/check_hybrid_model.sh
+// (docs/benchmarks.md), not here.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -34,14 +37,6 @@ struct RingTimes {
   double posted = 0.0, recv = 0.0, send = 0.0;
 };
 
-// Upper bounds on elapsed time only hold when every rank has a core of its own: oversubscribed
-// ranks (3-4 ranks on a 2-core machine) wait for the scheduler, not for the emulated link. The
-// lower bounds, which are what the emulator promises, are checked always.
-bool ranks_have_own_cores(const Communicator& c) {
-  return c.size() <= static_cast<int>(std::thread::hardware_concurrency());
-}
-constexpr double kSchedulerSlack = 0.02;  // seconds a busy machine may add to a short wait
-
 RingTimes timed_ring_exchange(Communicator& c, size_t bytes, int tag) {
   const std::vector<uint8_t> out = payload(bytes, c.rank(), tag);
   std::vector<uint8_t> in(bytes);
@@ -67,10 +62,6 @@ TEST_F(MpiTest, ATransferTakesLatencyPlusSizeOverBandwidth) {
   EXPECT_DOUBLE_EQ(expect, 0.0101);
   EXPECT_GE(t.recv, expect);
   EXPECT_GE(t.send, expect);
-  if (ranks_have_own_cores(link)) {
-    EXPECT_LE(t.recv, 3 * expect + kSchedulerSlack);
-    EXPECT_LE(t.send, 3 * expect + kSchedulerSlack);
-  }
   // The emulated time not spent posting is spent waiting (to 0.1 ms: the clocks are read apart).
   EXPECT_GE(link.wait_seconds(), expect - t.posted - 1e-4);
 }
@@ -81,9 +72,6 @@ TEST_F(MpiTest, AnEmptyMessageTakesTheLatency) {
   const RingTimes t = timed_ring_exchange(link, 0, 2);
   EXPECT_GE(t.recv, 100e-6);
   EXPECT_GE(t.send, 100e-6);
-  if (ranks_have_own_cores(link)) {
-    EXPECT_LE(t.send, 0.02 + kSchedulerSlack);
-  }
 }
 
 // Two 10 MB messages posted together share the link: the second arrives 10 ms after the first.
@@ -108,10 +96,6 @@ TEST_F(MpiTest, ConsecutiveTransfersQueueOnTheLink) {
   EXPECT_GE(first_sent, 0.0101);
   EXPECT_GE(first_received, 0.0101);
   EXPECT_GE(both, 0.0201);
-  if (ranks_have_own_cores(link)) {
-    EXPECT_LT(first_received, 0.0201 + kSchedulerSlack) << "the first message waits for no other";
-    EXPECT_LE(both, 3 * 0.0201 + kSchedulerSlack);
-  }
   EXPECT_TRUE(in1 == payload(k10MB, previous_rank(link), 3));
   EXPECT_TRUE(in2 == in1);
 }
@@ -132,11 +116,6 @@ TEST_F(MpiTest, TestIsFalseUntilTheEmulatedTimeHasCome) {
     EXPECT_GE(watch.seconds(), 0.02);
     link.wait(send, "slow byte");
     EXPECT_EQ(in, 1);
-  }
-  // The communicator underneath adds no delay.
-  const RingTimes t = timed_ring_exchange(*comm, 1, 5);
-  if (ranks_have_own_cores(*comm)) {
-    EXPECT_LT(t.send, 0.02 + kSchedulerSlack);
   }
 }
 
@@ -183,19 +162,21 @@ TEST_F(MpiTest, EveryRankIsOnTheFirstRanksNode) {
   EXPECT_EQ(comm->node_of_ranks(), std::vector<int>(size_t(size()), 0));
 }
 
-// A message to oneself never crosses the network: the link does not delay it.
+// A message to oneself never crosses the network: the link does not delay it. With a latency of
+// 1000 s, a delayed message would still be in flight when the loop gives up (a bound that only
+// a hang reaches: the message takes microseconds).
 TEST_F(MpiTest, MessagesToOneselfAreNotDelayed) {
-  EmulatedLinkCommunicator link(*comm, LinkEmulation{0.001, 50'000.0});  // 1 MB/s, 50 ms
+  EmulatedLinkCommunicator link(*comm, LinkEmulation{0.001, 1e9});  // 1 MB/s, 1000 s
   const std::vector<uint8_t> out = payload(10000, rank(), 6);
   std::vector<uint8_t> in(out.size());
-  const Stopwatch watch;
   Request recv = link.irecv(in.data(), in.size(), rank(), 6);
   Request send = link.isend(out.data(), out.size(), rank(), 6);
-  link.wait(recv, "to myself");
-  link.wait(send, "to myself");
-  if (ranks_have_own_cores(link)) {
-    EXPECT_LT(watch.seconds(), 0.02 + kSchedulerSlack);
+  bool received = false, sent = false;
+  for (const Stopwatch watch; !(received && sent) && watch.seconds() < 60.0;) {
+    received = received || link.test(recv);
+    sent = sent || link.test(send);
   }
+  ASSERT_TRUE(received && sent) << "a message to oneself was delayed by the emulated link";
   EXPECT_TRUE(in == out);
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include <time.h>
+
 #include "util/stopwatch.hpp"
 #include "tests/comm/step_exchange.hpp"
 #include "tests/support/mpi_test_util.hpp"
@@ -130,8 +132,20 @@ TEST_F(MpiTest, ManyOutstandingRequestsCompleteInAnyOrder) {
       EXPECT_TRUE(in[size_t(peer * per_peer + i)] == payload(bytes_of(i), peer, i)) << "from " << peer << " #" << i;
 }
 
+// CPU time this thread has run, in seconds: unlike the wall clock, it advances only while the
+// thread runs, so a loop bounded by it does the same work however busy the machine is.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 // A 16 MiB message needs MPI's rendezvous protocol, which moves only inside MPI calls: a busy
-// loop that calls progress() must leave it finished without a single test() or wait().
+// loop that calls progress() must leave it finished without a single test() or wait(). Each rank
+// loops for 0.5 s of its own CPU time (the transfer needs a few ms of it): the scheduler shares
+// the cores fairly, so the peer has run its loop about as long, on a quiet or a loaded machine.
+// (What progress() costs per call is measured by ringattn_comm_progress_bench,
+// docs/benchmarks.md.)
 TEST_F(MpiTest, ProgressAdvancesLargeTransfersDuringABusyLoop) {
   const size_t bytes = size_t(16) << 20;
   const std::vector<uint8_t> out = payload(bytes, rank(), 1);
@@ -139,10 +153,7 @@ TEST_F(MpiTest, ProgressAdvancesLargeTransfersDuringABusyLoop) {
   Request recv = comm->irecv(in.data(), bytes, previous_rank(*comm), 1);
   Request send = comm->isend(out.data(), bytes, next_rank(*comm), 1);
   double sink = 0.0;
-  // The peer must run its loop too: give oversubscribed ranks (sharing cores) time to be scheduled.
-  const bool own_cores = size() <= static_cast<int>(std::thread::hardware_concurrency());
-  const double window = own_cores ? 1.0 : 5.0;
-  for (const Stopwatch busy; busy.seconds() < window;) {
+  for (const double start = thread_cpu_seconds(); thread_cpu_seconds() - start < 0.5;) {
     for (int i = 0; i < 2000; ++i) sink += std::sqrt(double(i) + sink * 1e-9);
     comm->progress();
   }
@@ -154,35 +165,17 @@ TEST_F(MpiTest, ProgressAdvancesLargeTransfersDuringABusyLoop) {
   EXPECT_TRUE(in == payload(bytes, previous_rank(*comm), 1));
 }
 
-// The fastest of `batches` batches of `calls` progress() calls, in seconds per call: a rank that
-// an oversubscribed machine deschedules for a while slows some batches, not all of them, so the
-// fastest batch measures progress() itself (a slow progress() slows every batch).
-double fastest_progress_call(MpiCommunicator& comm, int batches, int calls) {
-  double best = 1e30;
-  for (int b = 0; b < batches; ++b) {
-    const Stopwatch watch;
-    for (int i = 0; i < calls; ++i) comm.progress();
-    best = std::min(best, watch.seconds() / calls);
-  }
-  return best;
-}
-
-TEST_F(MpiTest, ProgressIsCheapWhenNothingIsOutstanding) {
-  EXPECT_LT(fastest_progress_call(*comm, 10, 100000), 1e-6)
-      << "seconds per progress() call (typically 0.2 us; slack for busy machines)";
-}
-
-// With a transfer outstanding, progress() is one pass of MPI's progress engine: a microsecond or
-// so, which compute loops can afford between tiles.
-TEST_F(MpiTest, ProgressIsCheapWithATransferOutstanding) {
-  uint8_t byte = 0;
+// progress() with a transfer outstanding runs and leaves it to complete (its cost per call is a
+// benchmark's: ringattn_comm_progress_bench).
+TEST_F(MpiTest, ProgressLeavesAnOutstandingTransferToComplete) {
+  uint8_t byte = 0, one = 1;
   Request recv = comm->irecv(&byte, 1, previous_rank(*comm), 10);
-  EXPECT_LT(fastest_progress_call(*comm, 10, 2000), 50e-6)
-      << "seconds per progress() call (typically 1 us; slack for oversubscribed ranks)";
+  for (int i = 0; i < 2000; ++i) comm->progress();
   comm->barrier();  // every receive is posted and polled before the sends
-  Request send = comm->isend(&byte, 1, next_rank(*comm), 10);
-  comm->wait(recv, "progress cost");
-  comm->wait(send, "progress cost");
+  Request send = comm->isend(&one, 1, next_rank(*comm), 10);
+  comm->wait(recv, "progress");
+  comm->wait(send, "progress");
+  EXPECT_EQ(byte, 1);
 }
 
 int thread_level() {

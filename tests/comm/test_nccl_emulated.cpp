@@ -124,7 +124,8 @@ TEST(NcclEmulated, SplitByColorAndKey) {
 
 // Rank 0 waits for a step whose send never comes: a CommError within the timeout naming the
 // rank and the step, the communicator aborted; the other ranks' teardown (finalize waits for
-// peers) is bounded too.
+// peers) is bounded too. The bound on the whole is one only a hang reaches (a quiet machine takes
+// about 2 s: the 1 s timeout, then the teardown).
 TEST(NcclEmulated, AReceiveWithoutItsSendTimesOutAndAborts) {
   const Stopwatch clock;
   {
@@ -147,7 +148,7 @@ TEST(NcclEmulated, AReceiveWithoutItsSendTimesOutAndAborts) {
     }
   }
   EXPECT_EQ(ncclEmulationLiveCommunicators(), 0);
-  EXPECT_LT(clock.seconds(), 20.0);
+  EXPECT_LT(clock.seconds(), 120.0) << "did not hang";
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

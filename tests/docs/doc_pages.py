@@ -4,7 +4,7 @@ make a block a runnable example, their headings as GitHub anchors them, and thei
 A runnable example is a fenced sh/bash (or python) block whose opening fence follows a mark line:
 
     <!-- runnable -->
-    <!-- runnable: replace "--seq-len 1048576" "--seq-len 16384" timeout 120 -->
+    <!-- runnable: replace "--seq-len 1048576" "--seq-len 16384" timeout 900 -->
 
 GitHub renders the comment as nothing. The options after "runnable:" are words as a shell splits
 them (quotes group), each keyword followed by its values:
@@ -12,7 +12,8 @@ them (quotes group), each keyword followed by its values:
     exit N             the block ends with exit status N (it runs without `set -e`), not 0
     replace OLD NEW    run the block with every OLD replaced by NEW (a smaller size, a venv's
                        path); OLD must occur in the block, so a stale replacement fails
-    timeout S          seconds the block may take (default 120)
+    timeout S          seconds after which the block counts as hung (default 600: a bound only a
+                       hang reaches; no example is checked for speed)
     env NAME=VALUE     an extra environment variable
     needs root         run only as root with network namespaces (the cluster in a box); skipped,
                        and counted as skipped, elsewhere
@@ -47,7 +48,7 @@ class PageError(Exception):
 class Options:
     exit_code: int = 0
     replacements: list = field(default_factory=list)  # (old, new)
-    timeout: float = 120.0
+    timeout: float = 600.0
     env: dict = field(default_factory=dict)
     needs: list = field(default_factory=list)
     cleanup: list = field(default_factory=list)

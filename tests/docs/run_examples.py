@@ -72,7 +72,7 @@ def run_block(block, root, env):
     def clean_up():  # before (what a killed earlier run left) and after; its exit status is not the test's
         for command in options.cleanup:
             subprocess.run(["bash", "-c", "source launch/env.sh; " + command], cwd=root, env=block_env,
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
 
     clean_up()
     started = time.monotonic()

@@ -39,14 +39,14 @@ FOREIGN = {"cli": CPP_WORDS + PY_WORDS, "cpp": FLAG_WORDS + PY_WORDS, "py": FLAG
 
 def cli_message(args):
     p = subprocess.run([os.path.join(BUILD, "ringattn")] + args, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert p.returncode == 2, "exit %d (expected 2): %s" % (p.returncode, p.stderr)
     return p.stderr.strip()
 
 
 def cpp_message(name):
     p = subprocess.run([os.path.join(BUILD, "ringattn_api_errors"), name], env=ENV, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert p.returncode == 0, "exit %d: %s %s" % (p.returncode, p.stdout, p.stderr)
     return p.stdout.strip()
 
