@@ -19,7 +19,11 @@ phase setup
 launch/build.sh
 phase build
 source launch/env.sh
-ctest --test-dir build --output-on-failure --timeout 600 -j"$(nproc)"
+# Tests run beside each other: none depends on the machine's speed (launch/stress-test.sh shows
+# it), many mostly wait (mpirun's start, timeouts), and each says how many of the slots it takes
+# (PROCESSORS: its ranks).
+slots=$(( 2 * $(nproc) ))
+ctest --test-dir build --output-on-failure --timeout 600 -j"$slots"
 phase "ctest (build)"
 
 # The NCCL path with no GPU: the whole program built on the CPU emulation of CUDA and NCCL
@@ -29,21 +33,24 @@ cmake -S . -B build-emulated -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA_EMULATIO
 cmake --build build-emulated -j"$(nproc)" --target ringattn ringattn_nccl_emulated_tests ringattn_lora_tests \
   ringattn_inference_tests
 phase "build (emulated)"
-ctest --test-dir build-emulated --output-on-failure --timeout 600 -L nccl_emulation
+ctest --test-dir build-emulated --output-on-failure --timeout 600 -j"$slots" -L nccl_emulation
 phase "ctest (emulated)"
 
 if [ "${RINGATTN_QUICK:-0}" = "1" ]; then
   exit 0
 fi
 
-# Sanitizers: CPU backend only (the CUDA targets add nothing here and take long to build); the
-# cluster in a box (label netns) only once, above: it tests the network path, not memory; nor
-# what is labelled no_sanitizer (the emulated CUDA ring past one rank, a model of times).
+# Sanitizers, on what they can find something in: the library (CPU backend; the CUDA backend on
+# the emulation at one rank), the program, their tests, and the Python module's C++ half under
+# Debian's PyTorch; built at -O1 (CMakeLists.txt), without the benchmarks. Not the labels slow
+# and memory (sizes a sanitizer makes too slow, memory it measures wrong), netns (the network
+# path, tested above) and no_sanitizer (the emulated CUDA ring past one rank, whose kernels one
+# rank runs already; the hybrid model's script).
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 phase "build (sanitizers)"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$(nproc)" -LE "slow|memory|netns|no_sanitizer"
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$slots" -LE "slow|memory|netns|no_sanitizer"
 phase "ctest (sanitizers)"
 
 # Fuzzing: libFuzzer with clang, bounded time shared by the .npy and safetensors readers, each
