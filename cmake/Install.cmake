@@ -1,4 +1,4 @@
-# The installable library (SPEC.md: ringattn::ringattn): libringattn.so holds the API
+# The installable library (docs/cpp.md: ringattn::ringattn): libringattn.so holds the API
 # (runtime/api) and what it uses of the runtime, kernels and communicators (their static archives),
 # and exports the one public header <ringattn/ringattn.hpp> and MPI. `cmake --install build --prefix P` installs it with a CMake
 # package, so that find_package(ringattn) + target_link_libraries(app ringattn::ringattn) works.

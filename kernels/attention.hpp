@@ -4,7 +4,7 @@
 //   Q, dO, O, dQ: (B, rows_q, H, D);  K, V, dK, dV: (B, rows_k, Hkv, D);  LSE, delta: (B, H, rows_q).
 // Every row carries its global position (pos[], strictly increasing), so a rank can attend its
 // queries to any set of key rows (its own shard, a received block, the halo of a window) and
-// the mask of SPEC.md applies exactly. Query head h reads key/value head h / (H / Hkv).
+// the mask of docs/reference.md applies exactly. Query head h reads key/value head h / (H / Hkv).
 #pragma once
 
 #include <cstdint>

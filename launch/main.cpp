@@ -1,6 +1,6 @@
 // The ringattn command: `ringattn [attention] | layer | bench | plan [options]`, one process per
 // rank under mpirun (or alone as one rank). Owns MPI's lifetime and the one top-level handler
-// that turns any failure into the exit codes of SPEC.md on every rank.
+// that turns any failure into the exit codes of docs/reference.md on every rank.
 //
 // Signals. SIGINT, SIGTERM and SIGHUP end the process at once, whatever it is doing (computing,
 // waiting on a peer, writing): the handler removes the temporary output files this rank created

@@ -18,7 +18,7 @@
 
 namespace ringattn {
 
-// Which kernels run the attention steps (RingOptions::kernel; SPEC.md --kernel): cuDNN's fused
+// Which kernels run the attention steps (RingOptions::kernel; docs/reference.md --kernel): cuDNN's fused
 // attention for the steps it can express and ours for the rest (automatic; cudnn: the same, but
 // an error where cuDNN cannot run at all), or ours throughout.
 enum class KernelChoice { automatic, cudnn, own };

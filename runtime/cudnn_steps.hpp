@@ -1,4 +1,4 @@
-// The CUDA backend's cuDNN path (SPEC.md --kernel): the steps of every prepared ring planned into
+// The CUDA backend's cuDNN path (docs/reference.md --kernel): the steps of every prepared ring planned into
 // cuDNN SDPA calls (kernels/cudnn/step_plan.hpp), their graphs built and their buffers allocated
 // in prepare(), and in a pass only the calls, the merges of their states into the step's and the
 // additions of their gradients. A step the planner leaves to our kernels, one of a type or head

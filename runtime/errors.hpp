@@ -1,4 +1,4 @@
-// The exit codes of SPEC.md and the one error kind the runtime adds to the public ones
+// The exit codes of docs/reference.md and the one error kind the runtime adds to the public ones
 // (include/ringattn/errors.hpp: ArgumentError exits 2, Fault 4).
 #pragma once
 

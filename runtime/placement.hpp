@@ -1,5 +1,5 @@
 // Where the ranks sit: the node of every rank, found once per session, and the groups of hybrid
-// parallelism (SPEC.md "Hybrid parallelism", --ulysses U) placed on the nodes.
+// parallelism (docs/hybrid.md, --ulysses U) placed on the nodes.
 //
 // Groups. The P ranks form G = P/U groups of U ranks. By default a group is U ranks of one node,
 // so the all-to-all stays on the fast intra-node link whatever order the launcher gave the ranks

@@ -42,8 +42,8 @@ struct RingOptions {
   kernels::AttentionDims dims;
   DType dtype = DType::f32;
   Schedule schedule = Schedule::direct;
-  KernelChoice kernel = KernelChoice::automatic;  // SPEC.md --kernel (the backend says what it can run)
-  bool deterministic = false;                     // SPEC.md --deterministic: a bitwise-reproducible backward
+  KernelChoice kernel = KernelChoice::automatic;  // docs/reference.md --kernel (the backend says what it can run)
+  bool deterministic = false;                     // docs/reference.md --deterministic: a bitwise-reproducible backward
 };
 
 // Parses "auto", "cudnn" or "own"; throws ArgumentError naming kernel otherwise.

@@ -1,4 +1,5 @@
-// Which K/V rows each rank needs from each other rank, and when they move (SPEC.md --schedule).
+// Which K/V rows each rank needs from each other rank, and when they move (docs/reference.md
+// "Sharding and schedules", --schedule).
 //
 // From the layout and the mask, before any data moves: rank r's queries see the union over its
 // positions i of key_range(i) intersected with the block-mask row of i. Intersected with rank s's
@@ -42,7 +43,7 @@ std::vector<PosRange> visible_keys(const MaskView& mask, const std::vector<Posit
 std::vector<RowRange> rows_within(const std::vector<PositionRun>& shard, const std::vector<PosRange>& intervals);
 
 // Number of visible (query, key) pairs for the queries at these positions, keys over [0, seq_len):
-// the work attention must do, and what FLOP counts are made of (SPEC.md "Counting FLOPs").
+// the work attention must do, and what FLOP counts are made of (docs/reference.md "Counting FLOPs").
 int64_t count_visible_pairs(const MaskView& mask, const std::vector<PositionRun>& queries, int64_t seq_len);
 
 // Number of the keys at the positions of `keys` (within [0, seq_len)) that query i sees: the

@@ -1,4 +1,4 @@
-// How the L positions of a sequence are sharded over P ranks (SPEC.md --layout).
+// How the L positions of a sequence are sharded over P ranks (docs/reference.md "Sharding and schedules", --layout).
 //
 //   contiguous  rank r holds one run of about L/P consecutive positions;
 //   zigzag      the sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so every

@@ -1,4 +1,4 @@
-// Hybrid sequence parallelism (SPEC.md "Hybrid parallelism", --ulysses U): DeepSpeed-Ulysses'
+// Hybrid sequence parallelism (docs/hybrid.md, --ulysses U): DeepSpeed-Ulysses'
 // all-to-all inside groups of U ranks, the ring across the P/U groups.
 //
 // Groups: runtime/placement.hpp places them on the nodes.

@@ -79,7 +79,7 @@ class ArgumentError : public std::invalid_argument {
   Kind kind_;
 };
 
-// A fault at run time that is not the caller's input (SPEC.md exit code 4).
+// A fault at run time that is not the caller's input (docs/reference.md "Exit codes": 4).
 class Fault : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

@@ -8,7 +8,7 @@
 //   ctx.forward(shard, spec, q, k, v, o, lse);             // this rank's rows only
 //   ctx.backward(shard, spec, q, k, v, o, lse, dout, dq, dk, dv);
 //
-// Tensors (SPEC.md "Tensors and files"), row-major, this rank's rows in the layout's order:
+// Tensors (docs/reference.md "Tensors and files"), row-major, this rank's rows in the layout's order:
 //   q, dout (B, rows, H, D); k, v (B, rows, Hkv, D) in the shard's element type;
 //   o (B, rows, H, D), lse (B, H, rows), dq (B, rows, H, D), dk, dv (B, rows, Hkv, D): float32.
 // Pointers are in the backend's memory (host memory for the CPU backend, device memory for CUDA).
@@ -44,19 +44,19 @@ class Session;  // the runtime's (runtime/session.hpp)
 // Element types of q, k, v and dout (o, lse and the gradients are float32). float16 runs on the
 // CUDA backend only.
 enum class ElementType { float32, bfloat16, float16 };
-// How positions are sharded over ranks (SPEC.md --layout); automatic = zigzag when causal,
-// contiguous otherwise, as on the command line.
+// How positions are sharded over ranks (docs/reference.md "Sharding and schedules", --layout);
+// automatic = zigzag when causal, contiguous otherwise, as on the command line.
 enum class SequenceLayout { automatic, contiguous, zigzag, striped };
-// How K/V rows move (SPEC.md --schedule).
+// How K/V rows move (docs/reference.md "Sharding and schedules", --schedule).
 enum class KeyValueSchedule { direct, ring };
-// Which kernels run the attention steps on the CUDA backend (SPEC.md --kernel): automatic =
+// Which kernels run the attention steps on the CUDA backend (docs/reference.md --kernel): automatic =
 // cuDNN's fused attention for the steps it can express (bf16, head dims it takes, masks its
 // planner maps) and ours for the rest, or ours alone where no cuDNN loads; cudnn = the same, but
 // an ArgumentError naming "kernel" where cuDNN cannot run at all (the CPU backend, fp32, no
 // libcudnn); own = our kernels throughout.
 enum class AttentionKernel { automatic, cudnn, own };
 
-// The mask (SPEC.md "Masks"): enabled conditions combine by intersection.
+// The mask (docs/reference.md "Masks"): enabled conditions combine by intersection.
 struct MaskSpec {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // -1: unbounded on that side
@@ -80,8 +80,8 @@ struct AttentionSpec {
   // many ranks of one node when every node holds a multiple of it, else consecutive ranks: take
   // each rank's rows from Context::rows/positions with this spec.
   int ulysses = 1;
-  AttentionKernel kernel = AttentionKernel::automatic;  // SPEC.md --kernel
-  // SPEC.md --deterministic: a bitwise-reproducible backward (cuDNN's deterministic algorithm where
+  AttentionKernel kernel = AttentionKernel::automatic;  // docs/reference.md --kernel
+  // docs/reference.md --deterministic: a bitwise-reproducible backward (cuDNN's deterministic algorithm where
   // its workspace stays linear in the shard, our kernels elsewhere). The forward always is.
   bool deterministic = false;
 };
@@ -216,7 +216,7 @@ struct CacheOptions {
   ElementType dtype = ElementType::float32;
 };
 
-// How a prefill computes (SPEC.md --prefill-method): automatic = Meta's rule (pass-KV when
+// How a prefill computes (docs/reference.md --prefill-method): automatic = Meta's rule (pass-KV when
 // T / (T + P) >= 2 Hkv / H, T new and P cached tokens, or when T is large enough to hide the ring's
 // transfers; pass-Q otherwise).
 enum class PrefillMethod { automatic, pass_kv, pass_q };

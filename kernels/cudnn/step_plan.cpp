@@ -25,7 +25,7 @@ struct Rect {
   std::optional<int64_t> lo, hi;
 };
 
-// The band of SPEC.md's causal and window conditions between two runs of one stride.
+// The band of docs/reference.md's causal and window conditions between two runs of one stride.
 Rect band(const MaskView& m, int64_t q_row0, int64_t q_rows, int64_t q_start, int64_t k_row0, int64_t k_rows,
           int64_t k_start, int64_t stride) {
   Rect r{q_row0, q_rows, q_start, k_row0, k_rows, k_start, stride, std::nullopt, std::nullopt};

@@ -7,7 +7,7 @@
 // shard, a received block). Those split into arithmetic runs (consecutive rows whose positions
 // advance by a constant stride: contiguous and zigzag shards give one or two runs of stride 1, a
 // striped shard one run of stride P). Between a query run and a key run of the same stride s, the
-// causal and window conditions of SPEC.md are a diagonal band in row indices: with i = a + s r and
+// causal and window conditions of docs/reference.md are a diagonal band in row indices: with i = a + s r and
 // j = b + s c,
 //   j <= i + hi      <=>  c <= r + floor((a - b + hi) / s)
 //   j >= i - left    <=>  c >= r + ceil((a - b - left) / s)

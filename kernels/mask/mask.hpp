@@ -1,4 +1,4 @@
-// The attention mask of a job, owning its data (SPEC.md "Masks"): built from the options,
+// The attention mask of a job, owning its data (docs/reference.md "Masks"): built from the options,
 // handed to kernels and plans as a MaskView.
 #pragma once
 
@@ -48,7 +48,7 @@ class Mask {
   BlockMaskIndex index_;
 };
 
-// BigBird block mask (SPEC.md): the first `global` blocks attend to and are attended by all;
+// BigBird block mask (docs/reference.md "Masks"): the first `global` blocks attend to and are attended by all;
 // every block sees `window` blocks on each side; each block row draws `random` more blocks
 // among those it does not already see, from a generator seeded by `seed` (same on every rank).
 std::vector<uint8_t> bigbird_block_mask(int64_t blocks, int64_t global, int64_t window, int64_t random,

@@ -1,4 +1,4 @@
-// Mask arithmetic of SPEC.md, written once for the host and the device.
+// Mask arithmetic of docs/reference.md, written once for the host and the device.
 //
 // Positions are global and 0-based (query i, key j). Every enabled condition must hold:
 //   causal: j <= i;  window (LEFT, RIGHT): i - LEFT <= j <= i + RIGHT (-1 = unbounded);

@@ -282,7 +282,7 @@ int run_attention(LaunchContext& ctx) {
   const int rank = comm.rank();
   Options opts;
   const po::options_description desc = describe_attention_options(opts);
-  // SPEC.md: with no options, a small self-checking job. Spelled out as options, so that the
+  // docs/reference.md "Command line": with no options, a small self-checking job. Spelled out as options, so that the
   // ranks compare it like any other (one rank without options and one with is a difference).
   std::vector<std::string> args = ctx.args;
   if (args.empty()) args = {"--causal", "--backward", "--check"};

@@ -1,4 +1,4 @@
-// `ringattn [attention]`: the main job (SPEC.md "Command line").
+// `ringattn [attention]`: the main job (docs/reference.md "Command line").
 #pragma once
 
 #include "launch/cli/context.hpp"

@@ -1,6 +1,6 @@
 // The options of `ringattn attention` and the job they describe, resolved and validated: every
 // bad value, bad input file and unsupported combination is refused here with an ArgumentError that
-// names the option or file (SPEC.md "Exit codes"), before any data moves. The values the library
+// names the option or file (docs/reference.md "Exit codes"), before any data moves. The values the library
 // takes are judged by the library (runtime/api/arguments.hpp) and named by the command line's
 // table (launch/cli/argument_names.hpp).
 #pragma once

@@ -1,4 +1,4 @@
-// What the attention job reports (rank 0): the one-screen summary and the JSON of SPEC.md.
+// What the attention job reports (rank 0): the one-screen summary and the JSON of docs/reference.md.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,7 @@ struct AttentionResults {
   double exposed_mean = 0.0;  // time waiting for data / forward time: summed over repetitions, mean over ranks
   double exposed_max = 0.0;   // the largest of one rank in one repetition
   uint64_t bytes_sent = 0, bytes_needed = 0, a2a_bytes_sent = 0;  // forward, summed over ranks
-  double flops = 0.0;  // forward, counted as SPEC.md says
+  double flops = 0.0;  // forward, counted as docs/reference.md says
   // Which kernels ran the ring steps of the last timed forward and backward, summed over ranks,
   // and the cuDNN the backend loaded ("" on the CPU).
   int64_t cudnn_steps = 0, own_steps = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention with the FlashAttention backend on the shapes of
-ringattn_gpu_bench, timed the same way (CUDA events, warm-up, median), FLOPs counted as SPEC.md
+ringattn_gpu_bench, timed the same way (CUDA events, warm-up, median), FLOPs counted as docs/reference.md
 says (forward 4 B H D x visible pairs, backward 2.5 x that). The yardstick of launch/gpu-check.sh.
 When the flash-attn package is importable, its flash_attn_func is timed too (flash_attn_* keys);
 --backends flash,cudnn also times torch's cuDNN backend (SDPBackend.CUDNN_ATTENTION, cudnn_* keys).
@@ -186,7 +186,7 @@ def compare(args):
 
     print(f"# ringattn CUDA kernels vs torch SDPA (flash) on {ours.get('config', {}).get('device', '?')}, "
           f"{ours.get('config', {}).get('dtype', '?')}, heads {ours.get('config', {}).get('heads', '?')}, "
-          f"batch {ours.get('config', {}).get('batch', '?')}; TFLOP/s as SPEC.md counts them")
+          f"batch {ours.get('config', {}).get('batch', '?')}; TFLOP/s as docs/reference.md counts them")
     print(f"# {'D':>4} {'L':>7} {'causal':>6} | {'fwd ours':>9} {'torch':>7} {'ratio':>6} | "
           f"{'bwd ours':>9} {'torch':>7} {'ratio':>6} | {'#wrong':>6}")
     for r in rows:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cuDNN table of launch/gpu-check.sh: one rank of `ringattn --backend cuda` with --kernel cudnn
 and --kernel own (each row a job's --json, checked with --check), beside torch SDPA's flash and
-cuDNN backends and flash-attn (bench_torch_sdpa.py --backends flash,cudnn), in TFLOP/s as SPEC.md
+cuDNN backends and flash-attn (bench_torch_sdpa.py --backends flash,cudnn), in TFLOP/s as docs/reference.md
 counts them (forward 4 B H D x visible pairs; backward 2.5 x that).
 
   cudnn_table.py --runs DIR --torch TORCH.json --out RESULT.json

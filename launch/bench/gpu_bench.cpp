@@ -6,7 +6,7 @@
 // and dV are judged on the host by kernels/error_rule.hpp (against fp64 and the same-precision
 // reference), each row of the table carries a #wrong count (tensors over their bound),
 // and a wrong result makes the run exit 3. Times are CUDA-event medians after warm-up; FLOPs are
-// counted as SPEC.md says (forward 4 B H D x visible pairs, backward 2.5 x that), never masked work.
+// counted as docs/reference.md says (forward 4 B H D x visible pairs, backward 2.5 x that), never masked work.
 //
 //   ringattn_gpu_bench [--json FILE] [--dtype bf16|fp16] [--heads 16] [--batch 1]
 //                      [--head-dims 64,128] [--lengths 4096,8192,16384,32768] [--causal both|yes|no]
@@ -290,7 +290,8 @@ int main(int argc, char** argv) {
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     std::printf("# ringattn_gpu_bench on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount);
-    std::printf("# %s, batch %lld, heads %lld, median of %d after %d warm-up; TFLOP/s as SPEC.md counts them\n",
+    std::printf("# %s, batch %lld, heads %lld, median of %d after %d warm-up; TFLOP/s as docs/reference.md "
+                "counts them\n",
                 dtype_name(o.type), (long long)o.batch, (long long)o.heads, o.iters, o.warmup);
     std::printf("# %4s %7s %6s %12s %10s %10s %10s %10s %10s %6s\n", "D", "L", "causal", "kernel", "fwd_ms", "fwd_TF/s",
                 "bwd_ms", "bwd_TF/s", "max_err", "#wrong");

@@ -8,7 +8,7 @@ namespace ringattn {
 
 namespace {
 
-// Every field of a point, in the order of the JSON and CSV: SPEC.md's summary first.
+// Every field of a point, in the order of the JSON and CSV: docs/reference.md's summary first.
 template <class Visit>
 void point_fields(const ScalingPoint& p, const ScalingSetup& s, Visit&& visit) {
   RunSummary r;

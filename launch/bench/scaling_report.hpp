@@ -1,5 +1,5 @@
 // What `ringattn bench` reports: the table on stdout (nccl-tests style: '#' lines describe the
-// run, one fixed-width row per point), the --json document {"config", "points"} of SPEC.md, and
+// run, one fixed-width row per point), the --json document {"config", "points"} of docs/reference.md, and
 // --csv.
 #pragma once
 
@@ -19,7 +19,7 @@ struct ScalingPoint {
   int ulysses = 1;  // --ulysses: all-to-all inside groups of this many ranks, the ring across
   int nodes = 1;    // the nodes its ranks span
   int64_t seq_len = 0;
-  double flops_forward = 0.0;  // counted (SPEC.md), all ranks
+  double flops_forward = 0.0;  // counted (docs/reference.md), all ranks
   // Per pass: the median over iterations of the slowest rank's time, its 95th percentile, and
   // medians of the means over ranks of each rank's own time, kernel time and waiting time.
   double forward_s = 0, forward_p95_s = 0, forward_mean_s = 0, forward_compute_s = 0, forward_wait_s = 0;

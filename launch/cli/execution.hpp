@@ -1,4 +1,4 @@
-// Where a job computes and how its K/V moves (SPEC.md --backend, --comm): the CPU backend over
+// Where a job computes and how its K/V moves (docs/reference.md --backend, --comm): the CPU backend over
 // MPI, or the CUDA backend over NCCL (one GPU per rank) or over MPI through pinned host memory
 // (ranks sharing GPUs). The jobs compute through the runtime's session (runtime/session.hpp), the
 // way in that the library's public Context wraps as well: there is no second path.

@@ -1,4 +1,4 @@
-// How a job ends when something goes wrong, on every rank (SPEC.md "Exit codes").
+// How a job ends when something goes wrong, on every rank (docs/reference.md "Exit codes").
 //
 // Work that involves no communication (parsing, validation, reading inputs, writing this rank's
 // rows) runs in agreed phases: every rank runs the phase, then the ranks exchange their status;
@@ -27,7 +27,7 @@ class JobFailed : public std::exception {
   int code_;
 };
 
-// The exit code SPEC.md assigns to an exception: 2 usage, 3 check, 4 fault.
+// The exit code docs/reference.md assigns to an exception: 2 usage, 3 check, 4 fault.
 int exit_code_of(const std::exception& e);
 
 // Runs `phase` on every rank; if it throws on any rank, all ranks throw JobFailed after rank 0

@@ -1,4 +1,4 @@
-// The mask options shared by `ringattn attention` and `ringattn layer` (SPEC.md "Masks").
+// The mask options shared by `ringattn attention` and `ringattn layer` (docs/reference.md "Masks").
 #pragma once
 
 #include <boost/program_options.hpp>

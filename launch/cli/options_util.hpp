@@ -98,7 +98,7 @@ struct ExecutionOptions {
 // option. (The options a subcommand lacks hold their defaults, which pass.)
 void check_execution_options(const ExecutionOptions& o);
 
-// Hybrid parallelism (SPEC.md "Hybrid parallelism"): --ulysses and the intra-group link
+// Hybrid parallelism (docs/hybrid.md): --ulysses and the intra-group link
 // emulation (--emulate-intra-bandwidth, --emulate-intra-latency); null members are left out.
 void add_hybrid_options(boost::program_options::options_description& desc, int* ulysses,
                         double* emulate_intra_bandwidth, double* emulate_intra_latency);

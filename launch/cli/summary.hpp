@@ -1,4 +1,4 @@
-// The summary of one run of the ring, as SPEC.md "JSON summary" names its fields: written by
+// The summary of one run of the ring, as docs/reference.md "The JSON summary" names its fields: written by
 // `ringattn --json` and `ringattn layer --json`, and for each point of `ringattn bench --json`
 // (and its --csv). One list of fields, so that the three cannot drift apart; each adds its own
 // fields after these.
@@ -21,7 +21,7 @@ struct RunSummary {
   int threads = 1;
   double forward_s = 0.0;                 // median over iterations of the slowest rank's time
   std::optional<double> backward_s;       // when a backward pass ran
-  double flops_forward = 0.0;             // counted as SPEC.md says, all ranks
+  double flops_forward = 0.0;             // counted as docs/reference.md says, all ranks
   double gflops_per_rank = 0.0;           // forward rate (rate_per_rank; the layer counts its projections too)
   uint64_t comm_bytes_sent = 0, comm_bytes_needed = 0;  // forward K/V, summed over ranks
   double exposed_comm_fraction = 0.0;     // time waiting for data / forward time
@@ -34,7 +34,7 @@ inline double rate_per_rank(double flops, double seconds, int ranks) {
   return seconds > 0 ? flops / seconds / ranks / 1e9 : 0.0;
 }
 
-// Calls visit(key, Json) for every field of SPEC.md's summary, in its order; an absent optional
+// Calls visit(key, Json) for every field of docs/reference.md's summary, in its order; an absent optional
 // field is visited as null (a table keeps its column).
 template <class Visit>
 void visit_summary(const RunSummary& s, Visit&& visit) {

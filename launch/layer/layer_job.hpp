@@ -1,4 +1,4 @@
-// `ringattn layer`: the LoRA attention layer over the ranks (SPEC.md "The LoRA attention layer"):
+// `ringattn layer`: the LoRA attention layer over the ranks (docs/layer.md):
 // forward, backward, merged weights, training steps, and the teacher/student demo.
 #pragma once
 

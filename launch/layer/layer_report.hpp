@@ -1,5 +1,5 @@
 // What `ringattn layer` reports: the header before any pass (rank 0), and after the passes the
-// summary and the JSON of SPEC.md with the layer's own fields.
+// summary and the JSON of docs/reference.md with the layer's own fields.
 #pragma once
 
 #include <optional>

@@ -45,7 +45,7 @@ namespace ringattn {
 // One measured or predicted point of a scaling series.
 struct ScalingSample {
   int ranks = 1;
-  double flops = 0.0;    // counted FLOPs of the work (SPEC.md), all ranks together
+  double flops = 0.0;    // counted FLOPs of the work (docs/reference.md), all ranks together
   double seconds = 0.0;  // wall time
 };
 // Per-rank throughput relative to the base point: (flops / (ranks * seconds)) /

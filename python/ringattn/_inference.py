@@ -1,4 +1,4 @@
-"""Inference against a KV cache sharded across the ranks (SPEC.md "Inference"): ringattn.KVCache,
+"""Inference against a KV cache sharded across the ranks (docs/reference.md "Inference"): ringattn.KVCache,
 ringattn.prefill and ringattn.decode. CPU tensors, or CUDA tensors with a cache made with
 device="cuda" (its rows then live on the rank's GPU); no autograd. The checks here are types and
 shapes against the cache; the library judges the rest, on every rank alike, and a problem any

@@ -1,4 +1,4 @@
-// One layer's KV cache sharded across the ranks (SPEC.md "Inference"): each rank holds its share of
+// One layer's KV cache sharded across the ranks (docs/reference.md "Inference"): each rank holds its share of
 // each sequence's K/V rows with their global positions, never a whole sequence.
 //
 // Placement. A prefill through the ring (pass-KV) leaves each rank the rows it computed: its rows

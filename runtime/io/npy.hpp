@@ -1,4 +1,4 @@
-// NumPy .npy files (SPEC.md "Tensors and files"): a header parser that refuses bad input with
+// NumPy .npy files (docs/reference.md "Tensors and files"): a header parser that refuses bad input with
 // a message naming the file, shard readers that read only a rank's own rows, and an output file
 // that every rank fills with its own rows and that appears at its final path only when complete.
 //

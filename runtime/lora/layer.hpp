@@ -1,4 +1,4 @@
-// The LoRA attention layer around the ring (SPEC.md "The LoRA attention layer"):
+// The LoRA attention layer around the ring (docs/layer.md):
 //
 //   Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo,
 //   W = W0 + (alpha / r) B A for each projection,

@@ -1,5 +1,5 @@
 // One projection of the LoRA attention layer, y = x W^T + bias with W = W0 + s B A (s = alpha / r), its
-// parameters sharded over the ranks, and the arithmetic on it (SPEC.md "The LoRA attention layer").
+// parameters sharded over the ranks, and the arithmetic on it (docs/layer.md).
 //
 // File layouts (PyTorch nn.Linear): W0 (out, in), A (r, in), B (out, r). Rank p of P holds
 //   W0 rows [out_p)          rows `rows(p)` of W0: about out/P of them

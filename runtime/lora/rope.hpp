@@ -1,4 +1,4 @@
-// Rotary position embeddings (RoPE) of the LoRA layer's q and k (SPEC.md "The LoRA attention layer").
+// Rotary position embeddings (RoPE) of the LoRA layer's q and k (docs/layer.md).
 //
 // For a head vector x of D values, the first `dims` (rd) of them are rotated in rd/2 planes; plane
 // i turns by the angle  position * inv_freq[i],  inv_freq[i] = theta^(-2i / rd). The pairing is

@@ -1,4 +1,4 @@
-// Where `ringattn layer` finds its parameters (SPEC.md "The LoRA attention layer"):
+// Where `ringattn layer` finds its parameters (docs/layer.md):
 //
 // - `--weights DIR` of .npy files: wq.npy (H*D, d_model), wk.npy and wv.npy (Hkv*D, d_model),
 //   wo.npy (d_model, H*D); optional biases bq.npy (H*D,), bk.npy and bv.npy (Hkv*D,), bo.npy

@@ -7,7 +7,9 @@
 - every path into the source tree a page names (`launch/cluster/netns.sh`, `tests/python/...`)
   exists (`name.*` stands for any extension);
 - no command hides in a block without a language, where run_examples.py would not see it (write
-  ```sh, and mark it runnable where it can run).
+  ```sh, and mark it runnable where it can run);
+- no file of the project cites a document that is not in it: the interface's reference is
+  docs/reference.md.
 
 Usage: check_pages.py [ROOT]   (default: the repository holding this script)
 """
@@ -37,8 +39,41 @@ def missing_paths(root, page):
     return missing
 
 
+# Documents outside the repository that files once cited (written in two parts, so that this file
+# does not cite them itself).
+OUTSIDE_DOCUMENTS = ("SPEC" + ".md",)
+SOURCE_FOLDERS = ("CMakeLists.txt", "README.md", "pyproject.toml", "cmake", "comm", "docs", "emulation", "include",
+                  "kernels", "launch", "python", "runtime", "tests", "util")
+
+
+def project_files(root):
+    """The paths of the project's own files (not build folders, venvs or .git)."""
+    for top in SOURCE_FOLDERS:
+        path = os.path.join(root, top)
+        if os.path.isfile(path):
+            yield path
+        for folder, _, files in os.walk(path):
+            for name in files:
+                yield os.path.join(folder, name)
+
+
+def outside_citations(root):
+    """Lines of the project's files that cite a document the repository does not hold."""
+    found = []
+    for path in project_files(root):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().split("\n")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary (fuzz corpora) or unreadable: nothing to cite
+        for number, line in enumerate(lines, 1):
+            found += ["%s:%d: cites %s, which is not in the repository (docs/reference.md is)"
+                      % (os.path.relpath(path, root), number, d) for d in OUTSIDE_DOCUMENTS if d in line]
+    return found
+
+
 def problems_of(root):
-    problems, checked = [], 0
+    problems, checked = outside_citations(root), 0
     headings_of = {}
 
     def page_anchors(path):

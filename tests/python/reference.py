@@ -1,4 +1,4 @@
-"""Dense PyTorch attention for the tests: the SPEC.md mask as an (L, L) tensor, and attention in
+"""Dense PyTorch attention for the tests: the docs/reference.md mask as an (L, L) tensor, and attention in
 any float dtype through it (the fp64 oracle and the same-precision yardstick)."""
 import math
 

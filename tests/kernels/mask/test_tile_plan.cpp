@@ -2,7 +2,7 @@
 // brute force over every (query, key) pair: the candidate ranges must contain every block with a
 // visible pair, 'empty' must mean no visible pair, 'full' must mean every pair visible, and the
 // per-row element mask must equal visible(). Positions cover contiguous, strided, zigzag-like
-// and gathered (gapped) row sets; masks every kind and combination of SPEC.md.
+// and gathered (gapped) row sets; masks every kind and combination of docs/reference.md.
 #include <algorithm>
 #include <cstdint>
 #include <random>

@@ -1,4 +1,4 @@
-// launch/cli/summary.hpp: the one list of SPEC.md's summary fields that the job, the layer and every
+// launch/cli/summary.hpp: the one list of docs/reference.md's summary fields that the job, the layer and every
 // point of the scaling benchmark write.
 #include "launch/cli/summary.hpp"
 

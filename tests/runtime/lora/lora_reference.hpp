@@ -1,5 +1,5 @@
 // Naive fp64 LoRA attention layer: the oracle of the layer tests. One process, whole sequence,
-// written independently of the runtime from SPEC.md's formula
+// written independently of the runtime from docs/layer.md's formula
 //   Y = Attn(rope(X Wq^T + bq), rope(X Wk^T + bk), X Wv^T + bv) Wo^T + bo:
 // effective weights W = W0 + s B A formed explicitly, rotary angles computed per (position, plane),
 // full (L x L) attention per head with the mask applied element by element, and the gradients of
