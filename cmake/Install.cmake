@@ -1,7 +1,8 @@
 # The installable library (docs/cpp.md: ringattn::ringattn): libringattn.so holds the API
 # (runtime/api) and what it uses of the runtime, kernels and communicators (their static archives),
-# and exports the one public header <ringattn/ringattn.hpp> and MPI. `cmake --install build --prefix P` installs it with a CMake
-# package, so that find_package(ringattn) + target_link_libraries(app ringattn::ringattn) works.
+# and exports the one public header <ringattn/ringattn.hpp> and MPI. `cmake --install build --prefix P`
+# installs it with a CMake package, so that find_package(ringattn) + target_link_libraries(app
+# ringattn::ringattn) works, in a project of C++ alone as in one of C and C++.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -10,8 +11,10 @@ add_library(ringattn_shared SHARED ${PROJECT_SOURCE_DIR}/runtime/api/arguments.c
 set_target_properties(ringattn_shared PROPERTIES OUTPUT_NAME ringattn EXPORT_NAME ringattn
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib)
+# MPI: the installed package names no MPI target of its own; ringattnConfig.cmake finds MPI through
+# the language the consuming project enabled and adds it (a C++-only project has no MPI::MPI_C).
 target_link_libraries(ringattn_shared
-  PRIVATE ringattn_runtime -Wl,--no-undefined PUBLIC MPI::MPI_C)
+  PRIVATE ringattn_runtime -Wl,--no-undefined PUBLIC $<BUILD_INTERFACE:MPI::MPI_C>)
 target_compile_options(ringattn_shared PRIVATE -Wall -Wextra)
 target_include_directories(ringattn_shared INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)

@@ -1,4 +1,4 @@
-// The ringattn command: `ringattn [attention] | layer | bench | plan [options]`, one process per
+// The ringattn command: `ringattn [attention] | layer | decode | bench | plan [options]`, one process per
 // rank under mpirun (or alone as one rank). Owns MPI's lifetime and the one top-level handler
 // that turns any failure into the exit codes of docs/reference.md on every rank.
 //

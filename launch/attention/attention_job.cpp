@@ -282,15 +282,21 @@ int run_attention(LaunchContext& ctx) {
   const int rank = comm.rank();
   Options opts;
   const po::options_description desc = describe_attention_options(opts);
-  // docs/reference.md "Command line": with no options, a small self-checking job. Spelled out as options, so that the
-  // ranks compare it like any other (one rank without options and one with is a difference).
+  // docs/reference.md "Command line": with no options, a small self-checking job. Spelled out as
+  // options, so that the ranks compare it like any other (one rank without options and one with is
+  // a difference).
   std::vector<std::string> args = ctx.args;
   if (args.empty()) args = {"--causal", "--backward", "--check"};
   const po::variables_map vm = parse_and_agree(comm, desc, args, "attention");
   if (vm.count("help")) {
     if (rank == 0)
-      std::cout << "usage: ringattn [attention] [options]   (under mpirun -np P for P ranks)\n"
-                   "       ringattn layer|bench|plan [options]\n\n"
+      std::cout << "usage: ringattn [SUBCOMMAND] [options]   (under mpirun -np P for P ranks)\n\n"
+                   "Subcommands (ringattn SUBCOMMAND --help lists each one's options):\n"
+                   "  attention   the default: exact attention over the ranks' shards, forward and backward\n"
+                   "  layer       the LoRA attention layer (projections, RoPE, training) around the ring\n"
+                   "  decode      prefill and decode against a KV cache sharded across the ranks\n"
+                   "  bench       benchmarks: scaling over rank counts, the kernels, the decode kernel\n"
+                   "  plan        predict runs on a described cluster; calibrate the model\n\n"
                    "With no options: causal attention over 8192 random tokens, forward and backward,\n"
                    "checked against an fp64 reference.\n\n"
                 << desc << "\n";
