@@ -68,10 +68,10 @@ inline void amx_block_softmax(const float* st, int n_pad, V scale, V* m, V* l, f
 void amx_forward_tile(const ForwardTileArgs& a) {
   const int D = a.head_dim, kc = inner_chunk(D);
   float* ot = a.scratch;        // [D][BR] running output, transposed
-  float* st = ot + D * BR;      // [BC][BR] scores
-  float* stats = st + BC * BR;  // m, l, 1/l per lane
-  uint32_t* pt = reinterpret_cast<uint32_t*>(stats + 8 * BR);   // [BC/2][BR] P^T pairs
-  bf16_bits* kpad = reinterpret_cast<bf16_bits*>(pt + (BC / 2) * BR);  // [BC][D]
+  float* st = ot + D * BR;      // [BCA][BR] scores
+  float* stats = st + BCA * BR;  // m, l, 1/l per lane
+  uint32_t* pt = reinterpret_cast<uint32_t*>(stats + 8 * BR);   // [BCA/2][BR] P^T pairs
+  bf16_bits* kpad = reinterpret_cast<bf16_bits*>(pt + (BCA / 2) * BR);  // [BCA][D]
   float* m_lane = stats;
   float* l_lane = stats + BR;
   begin_forward_tile(a, ot, m_lane, l_lane);
@@ -99,8 +99,8 @@ void amx_forward_tile(const ForwardTileArgs& a) {
                          a.mask.block_count, a.mask.mask_block);
     hide_padding_rows(st, nk, nk_pad);
     amx_block_softmax(st, nk_pad, scale, m, l, ot, D, pt);
-    const bf16_bits* vt = a.vt16 + int64_t(blk.index) * D * BC;
-    tile_product(ot, BR * 4, D / 16, BR / 16, rows_operand(vt, BC * 2, kc), p, nk_pad / kc, true);
+    const bf16_bits* vt = a.vt16 + int64_t(blk.index) * D * BCA;
+    tile_product(ot, BR * 4, D / 16, BR / 16, rows_operand(vt, BCA * 2, kc), p, nk_pad / kc, true);
   }
   _tile_release();
   for (int v = 0; v < NV; ++v) {

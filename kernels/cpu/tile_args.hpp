@@ -172,15 +172,18 @@ struct TileKernels {
   // of the forward and the backward, with P and dS rounded to bf16 (SamePrecision::bf16_products);
   // fp32 inputs and the decode kernel run the AVX-512 code. tile_loop: the matrix unit's peak probe.
   bool amx = false;
+  int amx_key_block = 0;  // Bc of the AMX forward (bf16 inputs): fewer loads and stores of O^T per key
   float (*tile_loop)(int64_t iters, float seed) = nullptr;
   int tile_flops_per_iter = 0;
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
   // Qt is packed by the driver; here Ot [D][Br] and ST [Bc][Br] plus row statistics; on the AMX
-  // path also P^T as pairs of key rows [Bc/2][Br] and a tail block's K rows, zero-padded, [Bc][D] bf16.
-  const int64_t tile = int64_t(t.key_block) * t.query_tile;
-  const int64_t amx = t.amx ? tile / 2 + int64_t(t.key_block) * head_dim / 2 : 0;
+  // path (its own Bc) also P^T as pairs of key rows [Bc/2][Br] and a tail block's K rows,
+  // zero-padded, [Bc][D] bf16.
+  const int64_t bc = t.amx && t.amx_key_block > t.key_block ? t.amx_key_block : t.key_block;
+  const int64_t tile = bc * t.query_tile;
+  const int64_t amx = t.amx ? tile / 2 + bc * head_dim / 2 : 0;
   return int64_t(head_dim) * t.query_tile + tile + 8 * t.query_tile + amx;
 }
 inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
