@@ -22,7 +22,9 @@ namespace cpu {
 #if defined(RINGATTN_X86_ISAS)
 namespace avx512 { TileKernels tile_kernels(); }
 namespace avx512bf16 { TileKernels tile_kernels(); }
+#if defined(RINGATTN_AMX_KERNELS)
 namespace amx { TileKernels tile_kernels(); }
+#endif
 namespace avx2 { TileKernels tile_kernels(); }
 #endif
 namespace scalar { TileKernels tile_kernels(); }
@@ -46,6 +48,9 @@ bool bf16_dot_outruns_fma() { return __builtin_cpu_is("amd"); }
 // the tile data state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process, for all its
 // threads; refused by kernels before 5.16 and where the state is not enabled). Asked once.
 bool amx_usable() {
+#if !defined(RINGATTN_AMX_KERNELS)
+  return false;  // (a compiler without the tile instructions: not built)
+#endif
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
@@ -64,15 +69,19 @@ TileKernels choose_kernels() {
   const bool has_avx512bf16 = has_avx512 && __builtin_cpu_supports("avx512bf16");
   const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   // (The AMX code is compiled with the AVX512-BF16 conversions; every AMX CPU has them.)
-  const auto has_amx = [&] { return has_avx512bf16 && amx_usable(); };
+  [[maybe_unused]] const auto has_amx = [&] { return has_avx512bf16 && amx_usable(); };
   if (want.empty()) {
     // bf16 products on the tile unit: 8-16x the FMA's rate on Sapphire Rapids (bench --kernel).
+#if defined(RINGATTN_AMX_KERNELS)
     if (has_amx()) return cpu::amx::tile_kernels();
+#endif
     if (has_avx512bf16 && bf16_dot_outruns_fma()) return cpu::avx512bf16::tile_kernels();
     if (has_avx512) return cpu::avx512::tile_kernels();
     return has_avx2 ? cpu::avx2::tile_kernels() : cpu::scalar::tile_kernels();
   }
+#if defined(RINGATTN_AMX_KERNELS)
   if (want == "amx" && has_amx()) return cpu::amx::tile_kernels();
+#endif
   if (want == "avx512bf16" && has_avx512bf16) return cpu::avx512bf16::tile_kernels();
   if (want == "avx512" && has_avx512) return cpu::avx512::tile_kernels();
   if (want == "avx2" && has_avx2) return cpu::avx2::tile_kernels();
