@@ -179,6 +179,13 @@ class AttentionBackend {
   // same-precision model the --check compares against (kernels/error_rule.hpp). Where passes ran
   // steps on cuDNN, its rounding is included.
   virtual kernels::SamePrecision same_precision(const kernels::AttentionDims& dims, DType dtype) const = 0;
+  // The same for the decode kernel called with `tokens` new tokens (pass-Q): fp32 throughout, but
+  // where a backend runs a call on its block kernels (the CPU's, on calls that fill its query tiles).
+  virtual kernels::SamePrecision decode_same_precision(const kernels::AttentionDims& dims, int64_t tokens,
+                                                       DType dtype) const {
+    (void)dims, (void)tokens, (void)dtype;
+    return kernels::SamePrecision::fp32();
+  }
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 };

@@ -63,6 +63,10 @@ class CpuBackend final : public AttentionBackend {
   kernels::SamePrecision same_precision(const kernels::AttentionDims&, DType dtype) const override {
     return kernels::cpu_same_precision(dtype);
   }
+  kernels::SamePrecision decode_same_precision(const kernels::AttentionDims&, int64_t tokens,
+                                               DType dtype) const override {
+    return kernels::decode_same_precision(tokens, dtype);
+  }
   void synchronize() override {}
 
  private:

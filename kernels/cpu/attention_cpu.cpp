@@ -74,15 +74,21 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
   const int lanes = tk.query_tile;
   const int D = static_cast<int>(dims.head_dim);
   const int64_t B = dims.batch, H = dims.heads, Hkv = dims.kv_heads, group = H / Hkv;
+  // bf16 inputs on an ISA with a bf16 dot product: scores from bf16 pairs, the rest in fp32; on
+  // AMX every product from bf16 (V^T blocks in bf16 too), in key blocks of its own size.
+  const bool dot16 = (tk.bf16_dot || tk.amx) && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
+  const bool tiles16 = dot16 && tk.amx;
+  const int key_block = tiles16 ? tk.amx_key_block : tk.key_block;
   const std::vector<RowSpan> qtiles = make_row_blocks(q.pos, q.rows, lanes);
-  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, tk.key_block);
+  const std::vector<RowSpan> kblocks = make_row_blocks(kv.pos, kv.rows, key_block);
   const int threads = thread_count(options);
-  // bf16 inputs on an ISA with a bf16 dot product: scores from bf16 pairs, the rest in fp32.
-  const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
   cpu::Workspace workspace;
   const PackedKeyValues packed =
       pack_key_values(dims, kv, PackRequest{!dot16, false, dot16, false}, threads, workspace);
-  const float* vt = cpu::pack_value_blocks(dims, kv, kblocks, tk.key_block, tk.pack_lanes, threads, workspace);
+  const float* vt =
+      tiles16 ? nullptr : cpu::pack_value_blocks(dims, kv, kblocks, key_block, tk.pack_lanes, threads, workspace);
+  const bf16_bits* vt16 =
+      tiles16 ? cpu::pack_value_blocks_bf16(dims, kv, kblocks, key_block, threads, workspace) : nullptr;
   const int64_t items = static_cast<int64_t>(qtiles.size()) * B * H;
   const float qscale = dims.scale * kLog2e;
 
@@ -137,7 +143,11 @@ void attention_forward(const AttentionDims& dims, const QueryRows& q, const KeyV
       }
       args.head_dim = D;
       args.nq = tile.count;
-      args.vt = vt + (b * Hkv + kvh) * static_cast<int64_t>(kblocks.size()) * D * tk.key_block;
+      const int64_t vt_offset = (b * Hkv + kvh) * static_cast<int64_t>(kblocks.size()) * D * key_block;
+      if (tiles16)
+        args.vt16 = vt16 + vt_offset;
+      else
+        args.vt = vt + vt_offset;
       args.kv_stride = D;
       args.blocks = refs.data();
       args.num_blocks = static_cast<int>(refs.size());
@@ -202,7 +212,8 @@ void attention_backward(const AttentionDims& dims, const QueryRows& q, const Key
   const int threads = thread_count(options);
   // bf16 inputs on an ISA with a bf16 dot product: all five products take bf16 operands with
   // fp32 sums, P and dS rounded to bf16 (FlashAttention-2's bf16 backward); no fp32 K/V copies.
-  const bool dot16 = tk.bf16_dot && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
+  // (On AMX the same operands, on the tiles.)
+  const bool dot16 = (tk.bf16_dot || tk.amx) && q.dtype == DType::bf16 && kv.dtype == DType::bf16;
   cpu::Workspace workspace;
   const PackedKeyValues packed =
       pack_key_values(dims, kv, PackRequest{!dot16, !dot16, dot16, dot16}, threads, workspace);

@@ -18,11 +18,16 @@ struct CpuOptions {
   std::function<void()> progress;
 };
 
-// The instruction set the CPU kernels run with: "avx512bf16", "avx512", "avx2" or "scalar". Chosen once from
-// the CPU's features; RINGATTN_ISA=avx2|scalar forces a narrower one (tests use this).
+// The instruction set the CPU kernels run with: "amx", "avx512bf16", "avx512", "avx2" or "scalar".
+// Chosen once from the CPU's features; RINGATTN_ISA=amx|avx512bf16|avx512|avx2|scalar forces one
+// (tests use this).
 const char* cpu_isa();
-// How the selected CPU kernels round with inputs of this type: bf16 inputs on an ISA with a bf16
-// dot product round P and dS to bf16 in the backward; the forward and everything else is fp32.
+// The code inputs of this type run on: cpu_isa(), except on "amx", where fp32 inputs take the
+// AVX-512 code ("avx512") and bf16 inputs the tiles ("amx").
+const char* cpu_path(DType dtype);
+// How the selected CPU kernels round with inputs of this type: bf16 inputs on AMX round P to bf16
+// in the forward and P and dS in the backward (SamePrecision::bf16_products()); on an ISA with a
+// bf16 dot product P and dS in the backward only; everything else is fp32.
 SamePrecision cpu_same_precision(DType dtype);
 // Rows per query tile and per key block of the selected ISA.
 int cpu_query_tile();
@@ -34,6 +39,10 @@ double measure_fma_peak_gflops(int threads, double seconds = 0.3);
 // Peak rate of the bf16 dot-product instruction (VDPBF16PS: two products and two sums per fp32
 // lane) on `threads` threads, GFLOP/s; 0 when the selected ISA has none. The yardstick of bf16 rows.
 double measure_bf16_dot_peak_gflops(int threads, double seconds = 0.3);
+
+// Peak rate of the AMX tile multiply (TDPBF16PS from registers, four independent accumulators) on
+// `threads` threads, GFLOP/s; 0 when the selected ISA is not "amx". The yardstick of bf16 rows on AMX.
+double measure_tile_peak_gflops(int threads, double seconds = 0.3);
 
 // Head dims the CPU kernels support: multiples of 16 up to 512.
 bool cpu_supports_head_dim(int64_t head_dim);

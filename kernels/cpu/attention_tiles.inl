@@ -375,6 +375,39 @@ __attribute__((noinline, flatten)) void forward_block(const float* qt, int D, co
     accumulate_lanes<false>(ot, D, st, nk, vt, 1, BC, nullptr);
 }
 
+// A query tile's running state from its incoming partial state (O normalised, with LSE): the
+// running max is LSE in log2 units rounded to fp32, m, and the running sum l = 2^(LSE log2(e) - m),
+// within 2^-23 of 1, with the running O = O l, transposed into ot [D][BR]; an empty state (LSE =
+// -inf) has sum 0. (l = 1 weighed the state by 2^(rounding of m): over a ring of 4 ranks, LSE came
+// out 1.9x as inexact as the plain fp32 computation's.) m_lane and l_lane: BR floats each.
+inline void begin_forward_tile(const ForwardTileArgs& a, float* ot, float* m_lane, float* l_lane) {
+  const int D = a.head_dim;
+  const auto has_state = [&](int i) { return i < a.nq && a.lse[i] != kNegInf; };
+  for (int i = 0; i < BR; ++i) {
+    const double m2 = has_state(i) ? double(a.lse[i]) * kLog2ed : double(kNoKeyMax);
+    m_lane[i] = float(m2);
+    l_lane[i] = has_state(i) ? float(__builtin_exp2(m2 - double(m_lane[i]))) : 0.0f;
+  }
+  rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
+  for (int v = 0; v < NV; ++v) {
+    const V l = Isa::load(l_lane + v * W);
+    for (int d = 0; d < D; ++d) Isa::store(ot + d * BR + v * W, Isa::mul(Isa::load(ot + d * BR + v * W), l));
+  }
+}
+
+// The tile's state back to a.o and a.lse: O = ot / l, LSE = (m + log2 l) ln 2; inv_l: BR floats.
+inline void end_forward_tile(const ForwardTileArgs& a, const float* ot, const float* m_lane, const float* l_lane,
+                             float* inv_l) {
+  for (int i = 0; i < a.nq; ++i) {
+    const bool saw_none = l_lane[i] <= 0.0f;  // false for NaN (a NaN score), which carries on
+    inv_l[i] = saw_none ? 0.0f : 1.0f / l_lane[i];  // lanes that saw no key: O is 0
+    // In double, rounded once: m + log2(l) and the change of base each rounded in fp32 made LSE
+    // 1.5x, and through P the dQ 1.8x, as inexact as the plain fp32 m + log(l) (L = 4096).
+    a.lse[i] = saw_none ? kNegInf : float((double(m_lane[i]) + __builtin_log2(double(l_lane[i]))) * kLn2d);
+  }
+  lanes_to_rows<false>(ot, a.nq, a.head_dim, inv_l, a.o, a.o_stride);
+}
+
 void forward_tile(const ForwardTileArgs& a) {
   const int D = a.head_dim;
   float* ot = a.scratch;        // [D][BR] running output, transposed
@@ -383,18 +416,7 @@ void forward_tile(const ForwardTileArgs& a) {
   float* m_lane = stats;
   float* l_lane = stats + BR;
 
-  // Continue from the incoming partial state, O normalised with LSE: the running max is LSE in
-  // log2 units rounded to fp32, m, and the running sum l = 2^(LSE log2(e) - m), within 2^-23 of
-  // 1, with the running O = O l; an empty state (LSE = -inf) has sum 0. (l = 1 weighed the state
-  // by 2^(rounding of m): over a ring of 4 ranks, LSE came out 1.9x as inexact as the plain fp32
-  // computation's.)
-  const auto has_state = [&](int i) { return i < a.nq && a.lse[i] != kNegInf; };
-  for (int i = 0; i < BR; ++i) {
-    const double m2 = has_state(i) ? double(a.lse[i]) * kLog2ed : double(kNoKeyMax);
-    m_lane[i] = float(m2);
-    l_lane[i] = has_state(i) ? float(__builtin_exp2(m2 - double(m_lane[i]))) : 0.0f;
-  }
-  rows_to_lanes(a.o, a.o_stride, D, 1.0f, has_state, ot);
+  begin_forward_tile(a, ot, m_lane, l_lane);
   OnlineSoftmax sm;
   V* m = sm.m;
   V* l = sm.l;
@@ -402,8 +424,6 @@ void forward_tile(const ForwardTileArgs& a) {
     m[v] = Isa::load(m_lane + v * W);
     l[v] = Isa::load(l_lane + v * W);
   }
-  for (int d = 0; d < D; ++d)
-    for (int v = 0; v < NV; ++v) Isa::store(ot + d * BR + v * W, Isa::mul(Isa::load(ot + d * BR + v * W), l[v]));
 
   for (int b = 0; b < a.num_blocks; ++b) {
     const KeyBlockRef& blk = a.blocks[b];
@@ -448,15 +468,7 @@ void forward_tile(const ForwardTileArgs& a) {
     Isa::store(m_lane + v * W, m[v]);
     Isa::store(l_lane + v * W, l[v]);
   }
-  float* inv_l = stats + 2 * BR;  // 1/l per lane; 0 for lanes that saw no key (their O is 0)
-  for (int i = 0; i < a.nq; ++i) {
-    const bool saw_none = l_lane[i] <= 0.0f;  // false for NaN (a NaN score), which carries on
-    inv_l[i] = saw_none ? 0.0f : 1.0f / l_lane[i];
-    // In double, rounded once: m + log2(l) and the change of base each rounded in fp32 made LSE
-    // 1.5x, and through P the dQ 1.8x, as inexact as the plain fp32 m + log(l) (L = 4096).
-    a.lse[i] = saw_none ? kNegInf : float((double(m_lane[i]) + __builtin_log2(double(l_lane[i]))) * kLn2d);
-  }
-  lanes_to_rows<false>(ot, a.nq, D, inv_l, a.o, a.o_stride);
+  end_forward_tile(a, ot, m_lane, l_lane, stats + 2 * BR);
 }
 
 #include "kernels/cpu/attention_tiles_bf16.inl"
@@ -606,7 +618,12 @@ void add_lanes_to_rows(const float* src, int nq, int D, float* dst, int64_t stri
 
 }  // namespace
 
+// (The AMX translation unit takes this table and puts its bf16 tile functions into it.)
+#if defined(RINGATTN_AMX)
+TileKernels fma_tile_kernels() {
+#else
 TileKernels tile_kernels() {
+#endif
   return TileKernels{Isa::kName,         W,  BR, BC, BCB, &forward_tile, &backward_block, &fma_loop, kFmaChains * W * 2,
                      Isa::kHasBf16Dot, &bf16_dot_loop<>, Isa::kHasBf16Dot ? kFmaChains * W * 4 : 0,
                      &pack_lanes,       &add_lanes_to_rows, &decode_block, &read_loop};

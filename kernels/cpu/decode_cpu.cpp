@@ -67,6 +67,10 @@ bool decode_runs_forward_kernel(int64_t tokens) {
   return tokens * 8 >= tiles * tile * 7;
 }
 
+SamePrecision decode_same_precision(int64_t tokens, DType dtype) {
+  return decode_runs_forward_kernel(tokens) ? cpu_same_precision(dtype) : SamePrecision::fp32();
+}
+
 VisibleRows decode_visible_rows(const DecodeQueries& q, const CachedKeyValues& kv, int64_t window_left) {
   if (q.tokens == 0 || kv.rows == 0) return {};
   const int64_t* begin = kv.pos;

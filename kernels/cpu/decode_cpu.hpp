@@ -30,6 +30,9 @@ inline constexpr int64_t kDecodeChunkRows = cpu::kDecodeChunkRows;
 // was 1.4-1.9x slower, at 48 faster in one case of four, at 64 1.1-1.4x faster, at 96 (two tiles)
 // slower in two of three.
 bool decode_runs_forward_kernel(int64_t tokens);
+// How a call with `tokens` new tokens rounds (the --check's model): the decode kernel is fp32
+// throughout; a call on the forward kernel rounds as it does (cpu_same_precision: P in bf16 on AMX).
+SamePrecision decode_same_precision(int64_t tokens, DType dtype);
 
 // The new tokens of one sequence: q (tokens, H, D), their global positions ascending.
 struct DecodeQueries {

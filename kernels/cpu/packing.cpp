@@ -98,6 +98,26 @@ float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, cons
   return out;
 }
 
+bf16_bits* pack_value_blocks_bf16(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
+                                  int key_block, int threads, Workspace& workspace) {
+  const int64_t B = dims.batch, Hkv = dims.kv_heads, D = dims.head_dim, nblocks = static_cast<int64_t>(blocks.size());
+  const int64_t block_elems = D * key_block, stride = Hkv * D;
+  bf16_bits* out = workspace.take<bf16_bits>(static_cast<size_t>(B * Hkv * nblocks * block_elems));
+  const auto* in = static_cast<const bf16_bits*>(kv.v);
+#pragma omp parallel for collapse(3) num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+      for (int64_t kb = 0; kb < nblocks; ++kb) {
+        bf16_bits* vt = out + ((b * Hkv + kvh) * nblocks + kb) * block_elems;
+        const RowSpan& blk = blocks[static_cast<size_t>(kb)];
+        const bf16_bits* rows = in + ((b * kv.rows + blk.row0) * Hkv + kvh) * D;
+        // One head dim's keys at a time: the block's rows (a few cache lines each) stay in L1.
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t j = 0; j < key_block; ++j) vt[d * key_block + j] = j < blk.count ? rows[j * stride + d] : bf16_bits{0};
+      }
+  return out;
+}
+
 // dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
 void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst) {
   const auto* in = static_cast<const bf16_bits*>(src);

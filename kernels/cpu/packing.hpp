@@ -59,6 +59,11 @@ PackedKeyValues pack_key_values(const AttentionDims& dims, const KeyValueRows& k
 float* pack_value_blocks(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
                          int key_block, PackLanesFn pack_lanes, int threads, Workspace& workspace);
 
+// The same from bf16 rows, as bf16 [b][kv head][block][d][j] (zero past each block's rows): the A
+// operand of the AMX kernel's O^T += V^T P^T.
+bf16_bits* pack_value_blocks_bf16(const AttentionDims& dims, const KeyValueRows& kv, const std::vector<RowSpan>& blocks,
+                                  int key_block, int threads, Workspace& workspace);
+
 // dst[p][i] = bf16 pair (row i, head dims 2p and 2p + 1) of a bf16 source; lanes past nq are zero.
 void pack_pairs(const void* src, int64_t first, int64_t row_stride, int nq, int head_dim, int lanes, uint32_t* dst);
 

@@ -21,7 +21,9 @@
 namespace ringattn::kernels::cpu {
 
 #if defined(RINGATTN_ISA_AVX512)
-#if defined(RINGATTN_BF16_DOT)
+#if defined(RINGATTN_AMX)
+namespace amx {  // the AVX-512 code again, beside the AMX tiles of attention_amx.cpp
+#elif defined(RINGATTN_BF16_DOT)
 namespace avx512bf16 {
 #else
 namespace avx512 {
@@ -58,6 +60,9 @@ struct Isa {
     return _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
   }
   static void store_pairs(uint32_t* p, Pairs x) { _mm512_storeu_si512(p, x); }
+#elif defined(RINGATTN_AMX)
+  static constexpr const char* kName = "amx";
+  static constexpr bool kHasBf16Dot = false;  // bf16 products run on the tiles instead
 #else
   static constexpr const char* kName = "avx512";
   static constexpr bool kHasBf16Dot = false;
@@ -150,7 +155,7 @@ struct Isa {
     return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ), p, n);
   }
 };
-}  // namespace avx512 / avx512bf16
+}  // namespace avx512 / avx512bf16 / amx
 #endif
 
 #if defined(RINGATTN_ISA_AVX2)

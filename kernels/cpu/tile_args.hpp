@@ -53,6 +53,9 @@ struct ForwardTileArgs {
   const uint32_t* qt_pairs = nullptr;
   const bf16_bits* k16 = nullptr;
   float score_scale = 1.0f;
+  // The AMX path (TileKernels::amx, with qt_pairs and k16): V^T of this head's key blocks as bf16,
+  // block b at vt16 + b * D * Bc, [D][Bc] (vt is then unused).
+  const bf16_bits* vt16 = nullptr;
 };
 
 // One (query tile, head) visited by a backward key-block item.
@@ -165,11 +168,23 @@ struct TileKernels {
   void (*decode_block)(const DecodeBlockArgs&);
   // Sum of n floats read once (the read-bandwidth probe of the decode benchmark).
   float (*read_loop)(const float* p, int64_t n);
+  // AMX (kernels/cpu/attention_amx.cpp): bf16 inputs take the tile matrix unit for every product
+  // of the forward and the backward, with P and dS rounded to bf16 (SamePrecision::bf16_products);
+  // fp32 inputs and the decode kernel run the AVX-512 code. tile_loop: the matrix unit's peak probe.
+  bool amx = false;
+  int amx_key_block = 0;  // Bc of the AMX forward (bf16 inputs): fewer loads and stores of O^T per key
+  float (*tile_loop)(int64_t iters, float seed) = nullptr;
+  int tile_flops_per_iter = 0;
 };
 
 inline int64_t forward_scratch_floats(const TileKernels& t, int head_dim) {
-  // Qt is packed by the driver; here Ot [D][Br] and ST [Bc][Br] plus row statistics.
-  return int64_t(head_dim) * t.query_tile + int64_t(t.key_block) * t.query_tile + 8 * t.query_tile;
+  // Qt is packed by the driver; here Ot [D][Br] and ST [Bc][Br] plus row statistics; on the AMX
+  // path (its own Bc) also P^T as pairs of key rows [Bc/2][Br] and a tail block's K rows,
+  // zero-padded, [Bc][D] bf16.
+  const int64_t bc = t.amx && t.amx_key_block > t.key_block ? t.amx_key_block : t.key_block;
+  const int64_t tile = bc * t.query_tile;
+  const int64_t amx = t.amx ? tile / 2 + bc * head_dim / 2 : 0;
+  return int64_t(head_dim) * t.query_tile + tile + 8 * t.query_tile + amx;
 }
 inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
   // The dK and dV panels [Bc][D] each; ST [Bc][Br] fp32, then the fp32 path's K^T [D][Bc] (dS is
@@ -179,7 +194,11 @@ inline int64_t backward_scratch_floats(const TileKernels& t, int head_dim) {
   const int64_t tile = int64_t(t.backward_key_block) * t.query_tile;
   const int64_t kt_f32 = int64_t(head_dim) * t.backward_key_block;
   const int64_t bf16_extra = t.bf16_dot ? tile + tile / 2 + int64_t(head_dim) * (t.backward_key_block / 2) : 0;
-  return 2 * kt_f32 + 2 * tile + (kt_f32 > bf16_extra ? kt_f32 : bf16_extra) + 4 * t.query_tile;
+  // AMX: (dPT in the 2 * tile) P and dS as bf16 rows [Bc][Br] each, dS as pairs [Bc/2][Br], K^T as bf16 [D][Bc], and
+  // a tail block's K and V rows zero-padded, [Bc][D] bf16 each.
+  const int64_t amx_extra = t.amx ? 3 * (tile / 2) + kt_f32 / 2 + kt_f32 : 0;
+  const int64_t extra = kt_f32 > bf16_extra ? kt_f32 : bf16_extra;
+  return 2 * kt_f32 + 2 * tile + (extra > amx_extra ? extra : amx_extra) + 4 * t.query_tile;
 }
 
 }  // namespace ringattn::kernels::cpu

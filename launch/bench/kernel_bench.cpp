@@ -150,7 +150,7 @@ class TorchServer {
 
 struct Row {
   int64_t head_dim;
-  std::string mask, dtype, pass;
+  std::string mask, dtype, pass, path;
   double seconds, gflops, of_sgemm, of_peak;
   double torch_gflops, vs_torch;  // 0 when torch did not run
   int wrong;
@@ -204,6 +204,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
 
   const double peak = kernels::measure_fma_peak_gflops(threads);
   const double peak16 = kernels::measure_bf16_dot_peak_gflops(threads);
+  const double tile_peak = kernels::measure_tile_peak_gflops(threads);
   const double sgemm_start = sgemm_gflops(threads, sgemm_n);
   std::unique_ptr<TorchServer> torch;
   if (!no_torch) torch = std::make_unique<TorchServer>(L, threads, iters);
@@ -217,9 +218,13 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
   std::printf("# cpu: %s, isa %s, %d thread%s\n", cpu_model().c_str(), kernels::cpu_isa(), threads, threads > 1 ? "s" : "");
   char dot_note[64] = "n/a (bf16 inputs run on the FMA)";  // the kernels' bf16 path does not use the dot product
   if (peak16 > 0) std::snprintf(dot_note, sizeof dot_note, "%.1f GFLOP/s", peak16);
+  if (tile_peak > 0) std::snprintf(dot_note, sizeof dot_note, "n/a (bf16 inputs run on the AMX tiles)");
   std::printf("# fma peak: %.1f GFLOP/s   bf16 dot peak: %s   sgemm (OpenBLAS %s, n = %d): %.1f GFLOP/s%s%s\n", peak,
               dot_note, openblas_get_corename(), sgemm_n, sgemm_start, coretype ? "  [OPENBLAS_CORETYPE=" : "",
               coretype ? (std::string(coretype) + "]").c_str() : "");
+  if (tile_peak > 0)
+    std::printf("# amx tile peak: %.1f GFLOP/s (TDPBF16PS from registers, 4 accumulators; %.1fx the fma peak)\n",
+                tile_peak, tile_peak / peak);
   if (std::string(openblas_get_corename()) == "Prescott")  // its fallback for CPUs it does not know
     std::printf("# [OpenBLAS does not know this CPU and runs its SSE3 kernels: for a fair sgemm set\n"
                 "#  OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2); PyTorch is started without it]\n");
@@ -227,11 +232,13 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
               (long long)L, (long long)H, (long long)Hkv);
   std::printf("# backward time includes delta = rowsum(dO * O); %%sgemm: against an sgemm run beside each repeat;\n"
               "# %%peak: %s; medians of %d repeat%s\n",
-              peak16 > 0 ? "fp32 rows against the FMA peak, bf16 rows against the bf16 dot peak" : "against the FMA peak",
+              tile_peak > 0 ? "fp32 rows against the FMA peak, bf16 rows against the AMX tile peak"
+              : peak16 > 0  ? "fp32 rows against the FMA peak, bf16 rows against the bf16 dot peak"
+                            : "against the FMA peak",
               repeats, repeats > 1 ? "s" : "");
   std::printf("# torch: %s\n", torch_note.c_str());
-  std::printf("#%5s %-7s %-5s %-9s %9s %9s %7s %7s %10s %8s %7s\n", "D", "mask", "dtype", "pass", "time_s", "GFLOP/s",
-              "%sgemm", "%peak", "torch_GF/s", "vs_torch", "#wrong");
+  std::printf("#%5s %-7s %-5s %-9s %-10s %9s %9s %7s %7s %10s %8s %7s\n", "D", "mask", "dtype", "pass", "path", "time_s",
+              "GFLOP/s", "%sgemm", "%peak", "torch_GF/s", "vs_torch", "#wrong");
 
   std::vector<Row> rows;
   int total_wrong = 0;
@@ -269,7 +276,8 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
         kernels::CpuOptions opt;
         opt.threads = threads;
         const double flops = 4.0 * H * D * double(causal ? L * (L + 1) / 2 : L * L);
-        const double row_peak = dtype == DType::bf16 && peak16 > 0 ? peak16 : peak;
+        const std::string path = kernels::cpu_path(dtype);
+        const double row_peak = path == "amx" ? tile_peak : dtype == DType::bf16 && peak16 > 0 ? peak16 : peak;
 
         // Per repeat: ours (median of iters, after a warm-up on the first), PyTorch's, and an sgemm.
         std::vector<double> ours_f, ours_b, torch_f, torch_b, vs_f, vs_b, sg_f, sg_b;
@@ -314,7 +322,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
           const std::string pname = pass ? "backward" : "forward";
           const std::vector<double>& tg = pass ? torch_b : torch_f;
           const std::vector<double>& vt = pass ? vs_b : vs_f;
-          Row r{D, mname, dtype_name(dtype), pname, t, g, median_of(pass ? sg_b : sg_f), g / row_peak,
+          Row r{D, mname, dtype_name(dtype), pname, path, t, g, median_of(pass ? sg_b : sg_f), g / row_peak,
                 tg.empty() ? 0.0 : median_of(tg), vt.empty() ? 0.0 : median_of(vt), pass ? bwd_wrong : fwd_wrong};
           rows.push_back(r);
           char tcol[32] = "n/a", rcol[32] = "n/a";
@@ -322,8 +330,9 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
             std::snprintf(tcol, sizeof tcol, "%.1f", r.torch_gflops);
             std::snprintf(rcol, sizeof rcol, "%.2fx", r.vs_torch);
           }
-          std::printf(" %5lld %-7s %-5s %-9s %9.4f %9.1f %6.1f%% %6.1f%% %10s %8s %7d\n", (long long)D, mname.c_str(),
-                      dtype_name(dtype), pname.c_str(), t, g, 100.0 * r.of_sgemm, 100.0 * r.of_peak, tcol, rcol, r.wrong);
+          std::printf(" %5lld %-7s %-5s %-9s %-10s %9.4f %9.1f %6.1f%% %6.1f%% %10s %8s %7d\n", (long long)D,
+                      mname.c_str(), dtype_name(dtype), pname.c_str(), path.c_str(), t, g, 100.0 * r.of_sgemm,
+                      100.0 * r.of_peak, tcol, rcol, r.wrong);
           std::fflush(stdout);
         }
       }
@@ -346,6 +355,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
     cfg["cpu"] = cpu_model();
     cfg["fma_peak_gflops"] = peak;
     cfg["bf16_dot_peak_gflops"] = peak16;
+    cfg["amx_tile_peak_gflops"] = tile_peak;
     cfg["sgemm_gflops"] = sgemm_start;
     cfg["openblas_core"] = openblas_get_corename();
     if (torch && torch->available()) cfg["torch"] = torch->version();
@@ -357,6 +367,7 @@ int run_kernel_bench(LaunchContext& ctx, const std::vector<std::string>& args) {
       p["mask"] = r.mask;
       p["dtype"] = r.dtype;
       p["pass"] = r.pass;
+      p["path"] = r.path;
       p["seconds"] = r.seconds;
       p["gflops"] = r.gflops;
       p["fraction_of_sgemm"] = r.of_sgemm;

@@ -237,11 +237,13 @@ PrefillOutcome fill_cache(const DecodeJob& job, Session& session, inference::KVC
     const bool last = begin + chunk >= o.seq_len;
     if (o.check && last && rows > 0) {  // a few of this rank's rows of the last chunk, each sequence
       const int64_t step = std::max<int64_t>(1, rows / 4);
-      // pass-KV runs the backend's block kernels (their rounding), pass-Q the decode kernel (fp32).
+      // pass-KV runs the backend's block kernels (their rounding), pass-Q the decode kernel (fp32,
+      // or the block kernels' where the chunk fills their query tiles).
+      const kernels::AttentionDims dims{1, H, Hkv, D, job.scale};
       const kernels::SamePrecision precision =
           out.method == inference::PrefillMethod::pass_kv
-              ? session.backend().same_precision(kernels::AttentionDims{1, H, Hkv, D, job.scale}, job.dtype)
-              : kernels::SamePrecision::fp32();
+              ? session.backend().same_precision(dims, job.dtype)
+              : session.backend().decode_same_precision(dims, r.tokens, job.dtype);
       for (int64_t s = 0; s < o.batch; ++s)
         for (int64_t j = 0; j < rows; j += step) {
           std::vector<float> oj(o_rows.begin() + (s * rows + j) * H * D, o_rows.begin() + (s * rows + j + 1) * H * D);

@@ -63,8 +63,10 @@ struct DecodeProblem {
       : DecodeProblem(c.heads, c.kv_heads, c.head_dim, c.rows, c.tokens, c.window_left, c.dtype, c.stride, capacity_,
                       seed) {}
 
-  // EXPECTs o (T, H, D) and lse (H, T) within the error rule of fp64 (causal, the window).
-  void expect_exact(const std::vector<float>& o, const std::vector<float>& lse, const std::string& what = "") const {
+  // EXPECTs o (T, H, D) and lse (H, T) within the error rule of fp64 (causal, the window), against
+  // the same computation rounded as `precision` says (kernels::decode_same_precision).
+  void expect_exact(const std::vector<float>& o, const std::vector<float>& lse, const std::string& what = "",
+                    kernels::SamePrecision precision = kernels::SamePrecision::fp32()) const {
     Mask mask;
     mask.causal = true;
     if (window_left >= 0) mask.window_left = window_left;
@@ -73,7 +75,7 @@ struct DecodeProblem {
                                mask.view(), ro.data(), rlse.data());
     std::vector<float> so(o.size()), slse(lse.size());
     kernels::naive_forward_fp32(dims, q.data(), q_pos.data(), tokens, k.data(), v.data(), k_pos.data(), rows,
-                                mask.view(), so.data(), slse.data());
+                                mask.view(), so.data(), slse.data(), precision);
     kernels::TensorError eo, el;
     for (size_t i = 0; i < ro.size(); ++i) eo.add(o[i], so[i], ro[i]);
     for (size_t i = 0; i < rlse.size(); ++i) el.add(lse[i], slse[i], rlse[i]);

@@ -7,7 +7,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -82,14 +85,27 @@ const std::shared_ptr<const CpuKernels> cpu = std::make_shared<CpuKernels>();
 
 TEST(AttentionCpu, ReportsItsInstructionSet) {
   const std::string isa = kernels::cpu_isa();
-  EXPECT_TRUE(isa == "avx512bf16" || isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
+  EXPECT_TRUE(isa == "amx" || isa == "avx512bf16" || isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
+  // On AMX only bf16 inputs take the tiles, and are judged with P and dS rounded to bf16.
+  EXPECT_EQ(std::string(kernels::cpu_path(DType::f32)), isa == "amx" ? "avx512" : isa);
+  EXPECT_EQ(std::string(kernels::cpu_path(DType::bf16)), isa);
+  if (isa == "amx") EXPECT_TRUE(kernels::cpu_same_precision(DType::bf16) == kernels::SamePrecision::bf16_products());
+  EXPECT_TRUE(kernels::cpu_same_precision(DType::f32) == kernels::SamePrecision::fp32());
   if (const char* forced = std::getenv("RINGATTN_ISA"); forced && *forced) {
     EXPECT_EQ(isa, forced);
     return;
   }
 #if defined(__x86_64__)
-  // bf16 inputs take the dot product only where it outruns the FMA (AMD); elsewhere the fp32 path.
-  if (__builtin_cpu_supports("avx512bf16")) EXPECT_EQ(isa, __builtin_cpu_is("amd") ? "avx512bf16" : "avx512");
+  // AMX where the CPU has it (and Linux grants the tile state: /proc/cpuinfo lists the flag either
+  // way, so its absence, not its presence, decides); else bf16 inputs take the dot product only
+  // where it outruns the FMA (AMD), elsewhere the fp32 path.
+  if (!__builtin_cpu_supports("avx512bf16")) return;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  if (text.find(" amx_bf16") == std::string::npos)
+    EXPECT_EQ(isa, __builtin_cpu_is("amd") ? "avx512bf16" : "avx512");
+  else if (isa != "amx")
+    std::printf("[ note ] the CPU lists amx_bf16, and the kernels run %s: Linux refused the tile state\n", isa.c_str());
 #endif
 }
 
@@ -113,13 +129,15 @@ TEST(AttentionCpu, WideBackwardKeyBlocks) {
 // (LSE = -inf, which a merge of partial states would drop without a word), never a row that
 // silently leaves the key out. The NaN sits at each place of a group of key rows (the forward
 // exponentiates groups of rows against a lazily moved maximum); causal rows before it stay finite.
+// fp32 and bf16 inputs (the bf16 products: the dot product, or the AMX tiles).
 TEST(AttentionCpu, ANanKeyMakesTheRowsThatSeeItNaN) {
+  for (DType dtype : {DType::f32, DType::bf16})
   for (bool causal : {false, true})
     for (int64_t bad = 0; bad < 8; ++bad) {
       Problem p = basic(150, 64, 2, 1);
       p.mask.causal = causal;
       p.k[size_t(bad * p.dims.head_dim)] = std::numeric_limits<float>::quiet_NaN();
-      const Outputs got = run_cpu_kernels(p);
+      const Outputs got = run_cpu_kernels(p, dtype);
       const int64_t L = p.rows_q(), H = p.dims.heads;
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < L; ++i) {
@@ -127,7 +145,8 @@ TEST(AttentionCpu, ANanKeyMakesTheRowsThatSeeItNaN) {
           if (causal && i < bad)
             EXPECT_TRUE(std::isfinite(lse)) << "row " << i << " does not see key " << bad;
           else
-            EXPECT_TRUE(std::isnan(lse)) << "causal " << causal << ", NaN key " << bad << ", row " << i << ": " << lse;
+            EXPECT_TRUE(std::isnan(lse)) << dtype_name(dtype) << ", causal " << causal << ", NaN key " << bad
+                                         << ", row " << i << ": " << lse;
         }
     }
 }
@@ -135,7 +154,9 @@ TEST(AttentionCpu, ANanKeyMakesTheRowsThatSeeItNaN) {
 // Keys whose scores are -inf (an infinite entry in K) get weight 0, as in PyTorch, also when a
 // whole group of key rows is -inf before any finite key (the forward's lazily moved maximum then
 // starts from the finite stand-in for "no key yet", not from -inf: -inf - -inf would be NaN).
+// bf16 inputs too, against the reference on the same bf16-rounded values.
 TEST(AttentionCpu, KeysWithMinusInfinityScoresGetNoWeight) {
+  for (DType dtype : {DType::f32, DType::bf16})
   for (bool causal : {false, true}) {
     Problem p = basic(150, 64, 2, 1);
     p.mask.causal = causal;
@@ -143,27 +164,35 @@ TEST(AttentionCpu, KeysWithMinusInfinityScoresGetNoWeight) {
     for (int64_t i = 0; i < p.rows_q(); ++i)
       for (int64_t h = 0; h < H; ++h) p.q[size_t((i * H + h) * D)] = 1.0f;
     for (int64_t j = 0; j < 8; ++j) p.k[size_t(j * D)] = -std::numeric_limits<float>::infinity();
-    const Outputs got = run_cpu_kernels(p);
+    if (dtype == DType::bf16)
+      for (std::vector<float>* x : {&p.q, &p.k, &p.v})
+        for (float& e : *x) e = bf16_to_float(float_to_bf16(e));
+    const Outputs got = run_cpu_kernels(p, dtype);
     const RefOutputs ref = run_reference(p);
+    // (bf16 kernels round P to bf16: 2^-9 of |V| per weight)
+    const double tolerance = dtype == DType::f32 ? 1e-5 : 1e-2;
     for (size_t i = 0; i < got.lse.size(); ++i)
-      ASSERT_EQ(std::isinf(got.lse[i]), std::isinf(ref.lse[i])) << "causal " << causal << ", lse " << i;
+      ASSERT_EQ(std::isinf(got.lse[i]), std::isinf(ref.lse[i])) << dtype_name(dtype) << ", causal " << causal << ", lse " << i;
     for (size_t i = 0; i < got.o.size(); ++i)
-      ASSERT_NEAR(got.o[i], ref.o[i], 1e-5) << "causal " << causal << ", o " << i;
+      ASSERT_NEAR(got.o[i], ref.o[i], tolerance) << dtype_name(dtype) << ", causal " << causal << ", o " << i;
   }
 }
 
 TEST(AttentionCpu, ThreadCountsAgree) {
   Problem p = basic(300, 64, 2, 2, 2);
   p.mask.causal = true;
-  const Outputs one = run_cpu_kernels(p, DType::f32, 1);
-  const Outputs three = run_cpu_kernels(p, DType::f32, 3);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+  SCOPED_TRACE(dtype_name(dtype));
+  const Outputs one = run_cpu_kernels(p, dtype, 1);
+  const Outputs three = run_cpu_kernels(p, dtype, 3);
   EXPECT_EQ(one.o, three.o);  // forward items are independent: bitwise equal for any thread count
   EXPECT_EQ(one.lse, three.lse);
   EXPECT_EQ(one.dk, three.dk);  // each key block's dK/dV is owned by one item
   EXPECT_EQ(one.dv, three.dv);
   EXPECT_LE(max_abs_diff(one.dq, three.dq), 1e-5);
-  const Outputs again = run_cpu_kernels(p, DType::f32, 3);
+  const Outputs again = run_cpu_kernels(p, dtype, 3);
   EXPECT_EQ(three.dq, again.dq);  // deterministic run to run
+  }
 }
 
 // Called from a caller's own parallel region (nested parallelism off), a call asking for 3 threads

@@ -31,7 +31,7 @@ DecodeRun run_and_check(const DecodeCase& c, int threads, bool check = true) {
   kernels::decode_forward(pr.dims, kernels::DecodeQueries{qd, c.dtype, T, pr.q_pos.data()},
                           kernels::CachedKeyValues{kd, vd, c.dtype, c.rows, pr.capacity, pr.k_pos.data()},
                           c.window_left, kernels::AttentionState{run.o.data(), run.lse.data()}, options);
-  if (check) pr.expect_exact(run.o, run.lse);
+  if (check) pr.expect_exact(run.o, run.lse, "", kernels::decode_same_precision(T, c.dtype));
   return run;
 }
 

@@ -172,11 +172,12 @@ TEST_P(Inference, MatchesFp64OverTheWholeSequence) {
       }
       // lse is (H, rows): the oracle's layout for one sequence. pass-KV runs the backend's block
       // kernels (on CUDA, bf16 tensor cores round P to bf16): judged with their rounding; pass-Q
-      // runs the decode kernel, fp32 throughout.
-      const kernels::SamePrecision precision =
-          stats.method == PrefillMethod::pass_kv
-              ? backend.same_precision(kernels::AttentionDims{1, sc.H, sc.Hkv, sc.D, scale}, sc.dtype)
-              : kernels::SamePrecision::fp32();
+      // runs the decode kernel, fp32 throughout (or, on the CPU, a chunk that fills the query
+      // tiles on the block kernels: AMX rounds P to bf16).
+      const kernels::AttentionDims dims{1, sc.H, sc.Hkv, sc.D, scale};
+      const kernels::SamePrecision precision = stats.method == PrefillMethod::pass_kv
+                                                   ? backend.same_precision(dims, sc.dtype)
+                                                   : backend.decode_same_precision(dims, r.tokens, sc.dtype);
       if (!pos.empty())
         expect_exact(t, s, pos, o.data(), lse.data(), sc.window_left,
                      std::string("prefill chunk ") + std::to_string(chunk) + " of sequence " + std::to_string(s) +
